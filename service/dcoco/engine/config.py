@@ -1,0 +1,37 @@
+"""Engine configuration: which drafting mode, and the shapes every cycle uses."""
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from dcoco.spec.select import Rule
+
+
+class Mode(StrEnum):
+    VANILLA = "vanilla"  # target only, one token per step
+    DFLASH = "dflash"  # the drafter's top-1 at every slot
+    DCOCO = "dcoco"  # top-K per slot, corrector scores, a selection rule picks the draft
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    mode: Mode = Mode.DCOCO
+    rule: Rule = Rule.PREFIX  # the paper's default; global and discounted are ablations
+    gamma: float = 0.5  # the discounted rule's weight decay per slot
+    num_speculative_tokens: int | None = None  # B; None takes the drafter's trained block size
+    top_k: int | None = None  # K; None takes the corrector's trained K
+    max_batch_size: int = 32  # sequences sharing one cycle; also the KV-cache slot count
+    max_model_len: int = 2048  # prompt plus generated tokens, per sequence
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)  # end a sequence on these
+    seed: int = 0  # for sampled requests that bring no seed of their own
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError("max_batch_size must be at least 1")
+        if self.max_model_len < 2:
+            raise ValueError("max_model_len must be at least 2")
+        if self.num_speculative_tokens is not None and self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be at least 1")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError("top_k must be at least 1")
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError("gamma must be in (0, 1]")

@@ -1,0 +1,270 @@
+"""The embedded engine: continuous batching over a target and an optional DFlash/DCOCO drafter.
+
+`step()` admits waiting requests (prefill), then runs one cycle for every running sequence:
+draft, correct, verify, commit. Requests join and leave between steps.
+"""
+
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from dcoco.engine.config import EngineConfig, Mode
+from dcoco.engine.runner import ModelRunner
+from dcoco.engine.sampling import SamplingParams
+from dcoco.engine.scheduler import Scheduler
+from dcoco.engine.sequence import Sequence
+from dcoco.engine.stats import CycleStats, SpecStats
+from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.spec.drafter import DFlashDrafter
+from dcoco.spec.verify import sample, target_probs, verify
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]  # committed this step
+    finished: bool
+    finish_reason: str | None
+    stats: SpecStats | None  # the request's lifetime speculation, once it has finished
+
+
+@dataclass
+class StepResult:
+    outputs: list[RequestOutput] = field(default_factory=list)
+    cycle: CycleStats | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    request_id: str
+    prompt_ids: list[int]
+    token_ids: list[int]
+    finish_reason: str
+    stats: SpecStats
+
+
+class Engine:
+    def __init__(
+        self, target: Qwen3ForCausalLM, drafter: DFlashDrafter | None, cfg: EngineConfig
+    ) -> None:
+        block, top_k = _check_models(target, drafter, cfg)
+        self.cfg = cfg
+        self.block = block  # B, 0 in vanilla mode
+        self.runner = ModelRunner(target, drafter, cfg, block, top_k)
+        self.scheduler = Scheduler(cfg.max_batch_size)
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self._ids: set[str] = set()
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
+        vocab = self.runner.target.config.vocab_size
+        if request_id in self._ids:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) >= self.cfg.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(prompt_ids)} tokens; the context holds "
+                f"{self.cfg.max_model_len} with at least one generated"
+            )
+        if not all(0 <= t < vocab for t in prompt_ids):
+            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        stops = set(params.stop_token_ids) | (
+            set() if params.ignore_eos else set(self.cfg.eos_token_ids)
+        )
+        self._ids.add(request_id)
+        self.scheduler.add(
+            Sequence(request_id, list(prompt_ids), params, self.cfg.max_model_len, frozenset(stops))
+        )
+
+    def abort(self, request_id: str) -> bool:
+        """Drops a request wherever it is; its slot is free for the next step."""
+        self._ids.discard(request_id)
+        return self.scheduler.abort(request_id) is not None
+
+    def has_unfinished(self) -> bool:
+        return len(self.scheduler) > 0
+
+    @torch.inference_mode()
+    def step(self) -> StepResult:
+        result = StepResult()
+        admitted = self.scheduler.admit()
+        if admitted:
+            self._prefill(admitted, result)
+        active = [s for s in self.scheduler.running if not s.finished]
+        if active:
+            result.cycle = (
+                self._speculate(active, result) if self.block else self._decode(active, result)
+            )
+        for seq in self.scheduler.running:
+            if seq.finished:
+                self._ids.discard(seq.request_id)
+        self.scheduler.release_finished()
+        return result
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> tuple[list[Completion], list[CycleStats]]:
+        """Runs prompts to completion, all concurrently; returns completions in prompt order."""
+        ids = [f"generate-{i}" for i in range(len(prompts))]
+        for request_id, prompt in zip(ids, prompts, strict=True):
+            self.add_request(request_id, prompt, params)
+        tokens: dict[str, list[int]] = {i: [] for i in ids}
+        done: dict[str, RequestOutput] = {}
+        cycles = []
+        while self.has_unfinished():
+            step = self.step()
+            cycles += [step.cycle] if step.cycle else []
+            for out in step.outputs:
+                tokens[out.request_id] += out.new_token_ids
+                if out.finished:
+                    done[out.request_id] = out
+        completions = [
+            Completion(
+                i, p, tokens[i], done[i].finish_reason or "abort", done[i].stats or SpecStats()
+            )
+            for i, p in zip(ids, prompts, strict=True)
+        ]
+        return completions, cycles
+
+    def _prefill(self, seqs: list[Sequence], result: StepResult) -> None:
+        logits, context = self.runner.prefill(seqs)  # [N, V]
+        self.runner.extend_context(context)
+        first = self._sample(seqs, logits).tolist()  # [N]
+        for seq, token in zip(seqs, first, strict=True):
+            seq.num_cached = len(seq.prompt_ids)
+            self._emit(seq, [token], result)
+
+    def _decode(self, seqs: list[Sequence], result: StepResult) -> CycleStats:
+        start = time.perf_counter()
+        tokens = self._sample(seqs, self.runner.decode(seqs)).tolist()  # [N]
+        elapsed = time.perf_counter() - start
+        cycle = CycleStats(
+            seconds={"draft": 0.0, "correct": 0.0, "verify": elapsed, "total": elapsed}
+        )
+        for seq, token in zip(seqs, tokens, strict=True):
+            seq.num_cached += 1
+            self._record(seq, SpecStats(verifications=1, seconds=cycle.seconds), cycle, 1)
+            self._emit(seq, [token], result)
+        return cycle
+
+    def _speculate(self, seqs: list[Sequence], result: StepResult) -> CycleStats:
+        t0 = time.perf_counter()
+        draft = self.runner.draft(seqs)
+        t1 = time.perf_counter()
+        selection = self.runner.correct(draft)
+        t2 = time.perf_counter()
+        logits, context = self.runner.verify(seqs, selection.tokens)  # [N, B+1, V]
+        temperature, top_p = self._params(seqs)
+        uniforms = self._uniforms(seqs, self.block + 1)  # [N, B+1] or None
+        verdict = verify(logits, selection.tokens, temperature, top_p, uniforms)
+        t3 = time.perf_counter()
+        self.runner.extend_context(context)
+        t4 = time.perf_counter()
+        seconds = {
+            "draft": t1 - t0 + t4 - t3,
+            "correct": t2 - t1,
+            "verify": t3 - t2,
+            "total": t4 - t0,
+        }
+        cycle = CycleStats(seconds=seconds)
+        is_accepted = torch.arange(self.block) < verdict.accepted.unsqueeze(1)  # [N, B]
+        corrected = selection.index != 0  # [N, B]
+        per_row = torch.stack(
+            [verdict.accepted, corrected.sum(1), (corrected & is_accepted).sum(1)], dim=1
+        ).tolist()  # [N, 3]
+        rows = zip(seqs, per_row, is_accepted.tolist(), verdict.tokens.tolist(), strict=True)
+        for seq, (accepted, fixed, rescued), positions, tokens in rows:
+            seq.num_cached += accepted + 1
+            row = SpecStats(
+                verifications=1,
+                draft_tokens=self.block,
+                accepted_tokens=accepted,
+                accepted_per_position=[int(p) for p in positions],
+                corrected_tokens=fixed,
+                corrected_accepted_tokens=rescued,
+                seconds=seconds,
+            )
+            self._record(seq, row, cycle, accepted + 1)
+            self._emit(seq, tokens[: accepted + 1], result)
+        return cycle
+
+    @staticmethod
+    def _record(seq: Sequence, row: SpecStats, cycle: CycleStats, accepted_length: int) -> None:
+        seq.stats.add(row)
+        cycle.add(replace(row, seconds={}))
+        cycle.accepted_lengths.append(accepted_length)
+
+    def _emit(self, seq: Sequence, tokens: list[int], result: StepResult) -> None:
+        kept = seq.append(tokens)
+        result.outputs.append(
+            RequestOutput(
+                seq.request_id,
+                kept,
+                seq.finished,
+                seq.finish_reason,
+                seq.stats if seq.finished else None,
+            )
+        )
+
+    def _params(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
+        temperature = torch.tensor([s.params.temperature for s in seqs])  # [N]
+        top_p = torch.tensor([s.params.top_p for s in seqs])  # [N]
+        return temperature, top_p
+
+    def _uniforms(self, seqs: list[Sequence], width: int) -> torch.Tensor | None:
+        """[N, width] uniforms for sampled rows; None when every row is greedy.
+
+        A seeded request draws from its own generator, so its stream of randomness does not
+        depend on the rest of the batch.
+        """
+        if all(s.params.greedy for s in seqs):
+            return None
+        uniforms = torch.rand(len(seqs), width, generator=self.generator)  # [N, width]
+        for row, seq in enumerate(seqs):
+            if seq.generator is not None:
+                uniforms[row] = torch.rand(width, generator=seq.generator)  # [width]
+        return uniforms
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """One token per row from logits [N, V]: argmax for greedy rows, else a sample."""
+        tokens = logits.argmax(-1)  # [N]
+        uniforms = self._uniforms(seqs, 1)
+        if uniforms is None:
+            return tokens
+        temperature, top_p = self._params(seqs)
+        probs = target_probs(logits.unsqueeze(1), temperature, top_p)[:, 0]  # [N, V]
+        return torch.where(temperature == 0, tokens, sample(probs, uniforms[:, 0]))  # [N]
+
+
+def _check_models(
+    target: Qwen3ForCausalLM, drafter: DFlashDrafter | None, cfg: EngineConfig
+) -> tuple[int, int]:
+    """Validates the pairing; returns (B, K) for this engine, B = 0 in vanilla mode."""
+    if cfg.mode is Mode.VANILLA:
+        return 0, 0
+    if drafter is None:
+        raise ValueError(f"mode {cfg.mode} needs a drafter")
+    d, t = drafter.config, target.config
+    if d.model.hidden_size != t.hidden_size or d.target_hidden_size != t.hidden_size:
+        raise ValueError(
+            f"drafter hidden size {d.model.hidden_size} does not match the target's {t.hidden_size}"
+        )
+    if d.model.vocab_size != t.vocab_size:
+        raise ValueError(f"drafter vocabulary {d.model.vocab_size} != target's {t.vocab_size}")
+    if max(d.target_layer_ids) >= t.num_hidden_layers:
+        raise ValueError(
+            f"target_layer_ids {list(d.target_layer_ids)} exceed the target's "
+            f"{t.num_hidden_layers} layers"
+        )
+    block = cfg.num_speculative_tokens or d.block_size
+    if cfg.mode is Mode.DFLASH:
+        return block, 1
+    if drafter.corrector is None:
+        raise ValueError("mode dcoco needs a drafter with a corrector (a DCOCODraftModel)")
+    top_k = cfg.top_k or drafter.corrector.config.top_k
+    if top_k > t.vocab_size:
+        raise ValueError(f"top_k {top_k} exceeds the vocabulary size {t.vocab_size}")
+    if block < 2:
+        raise ValueError("mode dcoco needs at least 2 speculative tokens")
+    return block, top_k

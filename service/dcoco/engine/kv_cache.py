@@ -1,0 +1,70 @@
+"""Per-sequence key/value storage: one row per KV slot, indexed by absolute position.
+
+Rolling back rejected tokens costs nothing: a sequence's `num_cached` is the only truth, stale
+entries past it are masked out and overwritten by the next write. The last position is a
+scratch cell where padded tokens write; it is never visible to a real query.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from dcoco.model.layers import KVSource
+
+
+@dataclass(frozen=True)
+class CacheView:
+    """Where one batched forward writes and what each of its queries may read."""
+
+    slots: torch.Tensor  # [N] KV slot of each row
+    positions: torch.Tensor  # [N, T] absolute position of each token (scratch for padding)
+    mask: torch.Tensor  # [N, 1, T, L] bool, key j visible to query t
+    length: int  # L, keys read per row
+
+    @classmethod
+    def build(
+        cls, slots: list[int], positions: torch.Tensor, limits: torch.Tensor, length: int
+    ) -> "CacheView":
+        """limits [N, T]: the last key position each query may see, all below `length`."""
+        keys = torch.arange(length)  # [L]
+        mask = (keys.view(1, 1, length) <= limits.unsqueeze(-1)).unsqueeze(1)  # [N, 1, T, L]
+        return cls(torch.tensor(slots), positions, mask, length)
+
+
+class KVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        shape = (num_layers, num_slots, kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype)  # [layers, S, Hkv, C, D]
+        self.v = torch.zeros(shape, dtype=dtype)  # [layers, S, Hkv, C, D]
+        self.scratch = capacity - 1
+
+    def write(self, layer: int, view: CacheView, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v [N, Hkv, T, D] stored at view.positions of view.slots."""
+        rows = view.slots.unsqueeze(1)  # [N, 1]
+        self.k[layer][rows, :, view.positions] = k.transpose(1, 2)  # [N, T, Hkv, D]
+        self.v[layer][rows, :, view.positions] = v.transpose(1, 2)  # [N, T, Hkv, D]
+
+    def read(self, layer: int, view: CacheView) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first view.length positions of view.slots: [N, Hkv, L, D] each."""
+        k = self.k[layer, :, :, : view.length].index_select(0, view.slots)  # [N, Hkv, L, D]
+        v = self.v[layer, :, :, : view.length].index_select(0, view.slots)  # [N, Hkv, L, D]
+        return k, v
+
+    def source(self, view: CacheView) -> KVSource:
+        """A KV source that stores a layer's new keys and values, then reads the row back."""
+
+        def update(
+            layer: int, k: torch.Tensor, v: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            self.write(layer, view, k, v)
+            return self.read(layer, view)
+
+        return update

@@ -1,0 +1,153 @@
+"""The model runner: batched forward passes over sequences, one method per step.
+
+It owns the two KV caches and knows positions and masks; it never decides which tokens are
+kept. Every method takes the running sequences in batch order and returns batched tensors.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from dcoco.engine.config import EngineConfig, Mode
+from dcoco.engine.kv_cache import CacheView, KVCache
+from dcoco.engine.sequence import Sequence
+from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.spec.drafter import DFlashDrafter
+from dcoco.spec.select import Candidates, Selection, select
+
+
+@dataclass(frozen=True)
+class Draft:
+    hidden: torch.Tensor  # [N, B, H] the drafter's state at each slot
+    logits: torch.Tensor  # [N, B, V]
+
+
+@dataclass(frozen=True)
+class ContextUpdate:
+    """Target features still to be turned into drafter context keys and values."""
+
+    view: CacheView
+    features: torch.Tensor  # [N, T, F]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        target: Qwen3ForCausalLM,
+        drafter: DFlashDrafter | None,
+        cfg: EngineConfig,
+        block: int,
+        top_k: int,
+    ) -> None:
+        self.target, self.drafter, self.cfg = target, drafter, cfg
+        self.block, self.top_k = block, top_k  # B and K
+        capacity = cfg.max_model_len + block + 2  # a verify block past the end, plus scratch
+        t = target.config
+        self.target_cache = KVCache(
+            t.num_hidden_layers, cfg.max_batch_size, t.num_key_value_heads, t.head_dim, capacity
+        )
+        target.rotary.reserve(capacity)
+        self.feature_layers: tuple[int, ...] = ()
+        self.drafter_cache: KVCache | None = None
+        if drafter is not None:
+            d = drafter.config.model
+            self.drafter_cache = KVCache(
+                d.num_hidden_layers, cfg.max_batch_size, d.num_key_value_heads, d.head_dim, capacity
+            )
+            drafter.rotary.reserve(capacity)
+            self.feature_layers = drafter.config.target_layer_ids
+
+    def prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, ContextUpdate]:
+        """Caches every prompt; returns the next-token logits [N, V] after each prompt."""
+        lengths = torch.tensor([len(s.prompt_ids) for s in seqs])  # [N]
+        width = int(lengths.max())
+        ids = torch.tensor(
+            [s.prompt_ids + [0] * (width - len(s.prompt_ids)) for s in seqs]
+        )  # [N, T]
+        offsets = torch.arange(width).expand(len(seqs), width)  # [N, T]
+        valid = offsets < lengths.unsqueeze(1)  # [N, T]
+        positions = torch.where(valid, offsets, self.target_cache.scratch)  # [N, T]
+        view = CacheView.build(
+            [s.slot for s in seqs], positions, torch.where(valid, offsets, 0), width
+        )
+        hidden, feats = self._target(ids, view)  # [N, T, H], [N, T, F]
+        last = hidden[torch.arange(len(seqs)), lengths - 1]  # [N, H]
+        return self.target.logits(last), self._context(view, feats)  # [N, V]
+
+    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Vanilla step: the pending token of each sequence -> next-token logits [N, V]."""
+        ids = torch.tensor([[s.last_token] for s in seqs])  # [N, 1]
+        positions = torch.tensor([[s.num_cached] for s in seqs])  # [N, 1]
+        length = max(s.num_cached for s in seqs) + 1
+        view = CacheView.build([s.slot for s in seqs], positions, positions, length)
+        hidden, _ = self._target(ids, view)  # [N, 1, H]
+        return self.target.logits(hidden[:, 0])  # [N, V]
+
+    def draft(self, seqs: list[Sequence]) -> Draft:
+        """One drafter pass over [pending token, B masks] for each sequence."""
+        assert self.drafter is not None
+        assert self.drafter_cache is not None
+        view = self._block_view(seqs, causal=False)
+        last = torch.tensor([s.last_token for s in seqs])  # [N]
+        embeds = self.drafter.embed_block(
+            self.target.model.embed_tokens, last, self.block
+        )  # [N, B+1, H]
+        hidden = self.drafter(
+            embeds, view.positions, self.drafter_cache.source(view), view.mask
+        )  # [N, B+1, H]
+        slots = hidden[:, 1:]  # [N, B, H]
+        return Draft(hidden=slots, logits=self.target.logits(slots))  # [N, B, V]
+
+    def correct(self, draft: Draft) -> Selection:
+        """Picks the draft: top-1 per slot (dflash) or a rule over corrector scores (dcoco)."""
+        if self.cfg.mode is Mode.DFLASH:
+            tokens = draft.logits.argmax(-1)  # [N, B]
+            return Selection(index=torch.zeros_like(tokens), tokens=tokens)
+        assert self.drafter is not None
+        assert self.drafter.corrector is not None
+        cands = Candidates.top_k(draft.logits, self.top_k)  # [N, B, K] each
+        scores = self.drafter.corrector(
+            draft.hidden, cands.ids, cands.logits, self.target.model.embed_tokens.weight
+        )  # [N, B-1, K, K]
+        return select(self.cfg.rule, scores, cands, self.cfg.gamma)
+
+    def verify(
+        self, seqs: list[Sequence], draft: torch.Tensor
+    ) -> tuple[torch.Tensor, ContextUpdate]:
+        """The target over [pending token, draft [N, B]] -> logits [N, B+1, V]."""
+        view = self._block_view(seqs, causal=True)
+        last = torch.tensor([[s.last_token] for s in seqs])  # [N, 1]
+        hidden, feats = self._target(torch.cat([last, draft], dim=1), view)  # [N, B+1, H]
+        return self.target.logits(hidden), self._context(view, feats)  # [N, B+1, V]
+
+    def extend_context(self, update: ContextUpdate) -> None:
+        """Stores drafter context keys/values for the tokens the target just processed.
+
+        Entries for tokens that were then rejected lie past num_cached: the next block
+        overwrites them before anything reads them.
+        """
+        if self.drafter is None or self.drafter_cache is None:
+            return
+        context = self.drafter.context(update.features)  # [N, T, H]
+        for layer, (k, v) in enumerate(self.drafter.context_kv(context, update.view.positions)):
+            self.drafter_cache.write(layer, update.view, k, v)  # [N, Hkv, T, D] each
+
+    def _target(
+        self, ids: torch.Tensor, view: CacheView
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.target(
+            ids, view.positions, self.target_cache.source(view), view.mask, self.feature_layers
+        )
+
+    def _context(self, view: CacheView, feats: torch.Tensor | None) -> ContextUpdate:
+        empty = torch.empty(*view.positions.shape, 0)  # [N, T, 0]: vanilla has no drafter
+        return ContextUpdate(view=view, features=feats if feats is not None else empty)
+
+    def _block_view(self, seqs: list[Sequence], causal: bool) -> CacheView:
+        """Positions num_cached..num_cached+B for each row; causal for the target's verify,
+        the whole block visible for the drafter."""
+        start = torch.tensor([s.num_cached for s in seqs]).unsqueeze(1)  # [N, 1]
+        positions = start + torch.arange(self.block + 1)  # [N, B+1]
+        limits = positions if causal else (start + self.block).expand_as(positions)  # [N, B+1]
+        length = max(s.num_cached for s in seqs) + self.block + 1
+        return CacheView.build([s.slot for s in seqs], positions, limits, length)

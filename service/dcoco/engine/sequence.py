@@ -1,0 +1,61 @@
+"""One request's state inside the engine."""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from dcoco.engine.sampling import SamplingParams
+from dcoco.engine.stats import SpecStats
+
+
+@dataclass
+class Sequence:
+    """Tokens, cache bookkeeping and stop state of one request.
+
+    Invariant while running: the target KV cache and the drafter context hold positions
+    0..num_cached-1, and the last token (position num_cached) is pending, not yet cached.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_model_len: int
+    stop_ids: frozenset[int]
+    output_ids: list[int] = field(default_factory=list)
+    slot: int = -1
+    num_cached: int = 0
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    stats: SpecStats = field(default_factory=SpecStats)
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if self.params.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.params.seed)
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append(self, tokens: list[int]) -> list[int]:
+        """Adds committed tokens up to the first stop condition; returns those kept."""
+        kept = []
+        for token in tokens:
+            self.output_ids.append(token)
+            kept.append(token)
+            if token in self.stop_ids:
+                self.finish_reason = "stop"
+            elif (
+                len(self.output_ids) >= self.params.max_tokens or self.length >= self.max_model_len
+            ):
+                self.finish_reason = "length"
+            if self.finished:
+                break
+        return kept

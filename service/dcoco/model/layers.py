@@ -1,0 +1,207 @@
+"""Qwen3 building blocks shared by the target and the DFlash drafter.
+
+Both models are stacks of the same decoder layer. They differ only in where attention keys come
+from (a causal cache for the target; projected target features plus the block for the drafter)
+and in the mask, so attention takes its keys through a `KVSource` and its mask as an argument.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# (layer index, new keys [N, Hkv, T, D], new values [N, Hkv, T, D]) -> all keys and values to
+# attend to, [N, Hkv, L, D] each. The engine's KV cache writes then reads; training concatenates.
+KVSource = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """The Qwen3 fields both models read from a Hugging Face `config.json`."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0  # Qwen3's default
+    max_position_embeddings: int = 4096
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any]) -> "TransformerConfig":
+        """Reads a Hugging Face Qwen3 config dict; unsupported features raise ValueError."""
+        if raw.get("rope_scaling") not in (None, {}):
+            raise ValueError("rope_scaling is not supported")
+        rope = raw.get("rope_parameters") or {}
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"rope_type {rope['rope_type']!r} is not supported")
+        if raw.get("use_sliding_window"):
+            raise ValueError("sliding-window attention is not supported")
+        if raw.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"hidden_act {raw['hidden_act']!r} is not supported")
+        try:
+            heads = int(raw["num_attention_heads"])
+            return cls(
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=int(raw["hidden_size"]),
+                intermediate_size=int(raw["intermediate_size"]),
+                num_hidden_layers=int(raw["num_hidden_layers"]),
+                num_attention_heads=heads,
+                num_key_value_heads=int(raw.get("num_key_value_heads", heads)),
+                head_dim=int(raw.get("head_dim") or raw["hidden_size"] // heads),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 1_000_000.0))),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+                attention_bias=bool(raw.get("attention_bias", False)),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            )
+        except KeyError as missing:
+            raise ValueError(f"config.json lacks {missing.args[0]!r}") from None
+
+    def to_hf(self) -> dict[str, Any]:
+        """The Hugging Face Qwen3 config fields, loadable by transformers and vLLM."""
+        return {
+            "model_type": "qwen3",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "attention_bias": self.attention_bias,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "hidden_act": "silu",
+            "use_sliding_window": False,
+            "torch_dtype": "float32",
+        }
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # [..., dim]
+
+
+class Rotary:
+    """Neox-style rotary tables indexed by absolute position.
+
+    The table is sized up front (`reserve`) so a forward pass never syncs to check its length.
+    """
+
+    def __init__(self, head_dim: int, theta: float, size: int) -> None:
+        self.inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).double() / head_dim)  # [D/2]
+        self.cos = torch.empty(0, head_dim)  # [P, D]
+        self.sin = torch.empty(0, head_dim)  # [P, D]
+        self.reserve(size)
+
+    def reserve(self, size: int) -> None:
+        if size <= self.cos.shape[0]:
+            return
+        angles = torch.outer(torch.arange(size).double(), self.inv_freq)  # [P, D/2]
+        angles = torch.cat([angles, angles], dim=-1)  # [P, D]
+        self.cos, self.sin = angles.cos().float(), angles.sin().float()  # [P, D] each
+
+    def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [N, T] -> cos, sin [N, 1, T, D], ready to broadcast over heads."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)  # [N, 1, T, D]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, H, T, D] rotated by cos, sin [N, 1, T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)  # [N, H, T, D]
+    return (x * cos + rotated * sin).to(x.dtype)  # [N, H, T, D]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TransformerConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.heads, self.kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
+        q_dim, kv_dim = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, q_dim, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.attention_bias)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def project_kv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, T, hidden] -> rotated keys and values [N, Hkv, T, D]."""
+        n, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(n, t, self.kv_heads, self.head_dim))  # [N, T, Hkv, D]
+        v = self.v_proj(x).view(n, t, self.kv_heads, self.head_dim)  # [N, T, Hkv, D]
+        return apply_rotary(k.transpose(1, 2), cos, sin), v.transpose(1, 2)  # [N, Hkv, T, D] each
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: KVSource | None,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """x [N, T, hidden] -> [N, T, hidden]. Without a KV source, plain causal self-attention."""
+        n, t, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(n, t, self.heads, self.head_dim))  # [N, T, Hq, D]
+        q = apply_rotary(q.transpose(1, 2), cos, sin)  # [N, Hq, T, D]
+        k, v = self.project_kv(x, cos, sin)  # [N, Hkv, T, D] each
+        if kv is not None:
+            k, v = kv(self.layer_idx, k, v)  # [N, Hkv, L, D] each
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=kv is None and mask is None, enable_gqa=True
+        )  # [N, Hq, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(n, t, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # [N, T, hidden]
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, layer_idx)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: KVSource | None,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, mask)  # [N, T, hidden]
+        return x + self.mlp(self.post_attention_layernorm(x))  # [N, T, hidden]

@@ -1,0 +1,52 @@
+"""The target: a Qwen3 causal LM whose parameter names match Hugging Face's Qwen3ForCausalLM."""
+
+import torch
+from torch import nn
+
+from dcoco.model.layers import DecoderLayer, KVSource, RMSNorm, Rotary, TransformerConfig
+
+
+class Qwen3Backbone(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class Qwen3ForCausalLM(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Qwen3Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv: KVSource | None = None,
+        mask: torch.Tensor | None = None,
+        feature_layers: tuple[int, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """input_ids, positions [N, T] -> final hidden states [N, T, H] and drafter features.
+
+        The feature of layer i is that layer's output before the final norm (Hugging Face's
+        `hidden_states[i + 1]`, vLLM's aux layer i + 1); the requested layers are concatenated
+        into [N, T, len(feature_layers) * H], or None when none are requested.
+        """
+        x = self.model.embed_tokens(input_ids)  # [N, T, H]
+        cos, sin = self.rotary(positions)  # [N, 1, T, D] each
+        features = []
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, kv, mask)  # [N, T, H]
+            if i in feature_layers:
+                features.append(x)
+        feats = torch.cat(features, dim=-1) if features else None  # [N, T, F]
+        return self.model.norm(x), feats  # [N, T, H]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)  # [..., V]

@@ -1,0 +1,180 @@
+import pytest
+
+from dcoco.engine.config import EngineConfig, Mode
+from dcoco.engine.engine import Engine
+from dcoco.engine.sampling import SamplingParams
+from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.spec.drafter import DFlashDrafter
+from dcoco.spec.select import Rule
+from factories import greedy_reference, make_target
+
+Pair = tuple[Qwen3ForCausalLM, DFlashDrafter]
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [3], [2] * 13, [7, 1], [9, 9, 4, 0, 2]]
+CONFIGS = [
+    (Mode.VANILLA, Rule.PREFIX),
+    (Mode.DFLASH, Rule.PREFIX),
+    (Mode.DCOCO, Rule.PREFIX),
+    (Mode.DCOCO, Rule.GLOBAL),
+    (Mode.DCOCO, Rule.DISCOUNTED),
+]
+
+
+def engine(
+    pair: Pair, mode: Mode = Mode.DCOCO, rule: Rule = Rule.PREFIX, batch: int = 4, **kw: int
+) -> Engine:
+    target, drafter = pair
+    return Engine(
+        target,
+        drafter,
+        EngineConfig(mode=mode, rule=rule, max_batch_size=batch, max_model_len=96, **kw),
+    )
+
+
+@pytest.mark.parametrize(("mode", "rule"), CONFIGS)
+def test_greedy_output_is_token_for_token_the_targets(pair: Pair, mode: Mode, rule: Rule) -> None:
+    """Six prompts of mixed lengths through four slots: sequences join as others finish."""
+    completions, cycles = engine(pair, mode, rule).generate(PROMPTS, SamplingParams(max_tokens=40))
+    for completion, prompt in zip(completions, PROMPTS, strict=True):
+        assert completion.token_ids == greedy_reference(pair[0], prompt, 40)
+        assert completion.finish_reason == "length"
+    if mode is not Mode.VANILLA:  # the test only means something if drafts were accepted
+        assert sum(c.accepted_tokens for c in cycles) > 50
+        assert any(0 < n < 5 for c in cycles for n in c.accepted_lengths)  # partial acceptance
+        assert any(n == 5 for c in cycles for n in c.accepted_lengths)  # whole block
+    if mode is Mode.DCOCO:
+        assert sum(c.corrected_tokens for c in cycles) > 0
+
+
+@pytest.mark.parametrize("block", [1, 2, 7])
+def test_any_block_size_is_lossless(pair: Pair, block: int) -> None:
+    mode = Mode.DCOCO if block > 1 else Mode.DFLASH
+    completions, _ = engine(pair, mode, num_speculative_tokens=block).generate(
+        PROMPTS[:3], SamplingParams(max_tokens=20)
+    )
+    for completion, prompt in zip(completions, PROMPTS, strict=False):
+        assert completion.token_ids == greedy_reference(pair[0], prompt, 20)
+
+
+def test_greedy_output_does_not_depend_on_the_batch(pair: Pair) -> None:
+    params = SamplingParams(max_tokens=30)
+    alone, _ = engine(pair, batch=1).generate([PROMPTS[1]], params)
+    crowded, _ = engine(pair, batch=6).generate(PROMPTS, params)
+    assert crowded[1].token_ids == alone[0].token_ids
+
+
+def test_a_seeded_request_replays_whatever_shares_its_batch(pair: Pair) -> None:
+    seeded = SamplingParams(max_tokens=30, temperature=0.9, seed=7)
+    alone, _ = engine(pair, batch=1).generate([PROMPTS[0]], seeded)
+    eng = engine(pair, batch=4)
+    eng.add_request("seeded", PROMPTS[0], seeded)
+    for i, prompt in enumerate(PROMPTS[1:4]):
+        eng.add_request(f"other{i}", prompt, SamplingParams(max_tokens=30, temperature=1.0))
+    tokens: list[int] = []
+    while eng.has_unfinished():
+        tokens += [
+            t for out in eng.step().outputs if out.request_id == "seeded" for t in out.new_token_ids
+        ]
+    assert tokens == alone[0].token_ids
+    other_seed, _ = engine(pair, batch=1).generate(
+        [PROMPTS[0]], SamplingParams(max_tokens=30, temperature=0.9, seed=8)
+    )
+    assert other_seed[0].token_ids != tokens
+
+
+def test_abort_frees_the_slot_and_leaves_the_others_intact(pair: Pair) -> None:
+    eng = engine(pair, batch=2)
+    params = SamplingParams(max_tokens=25)
+    for i, prompt in enumerate(PROMPTS[:3]):
+        eng.add_request(f"r{i}", prompt, params)
+    eng.step()
+    assert eng.abort("r0")
+    assert not eng.abort("r0")
+    outputs: dict[str, list[int]] = {"r1": [], "r2": []}
+    first = True
+    while eng.has_unfinished():
+        for out in eng.step().outputs:
+            assert out.request_id != "r0"
+            outputs[out.request_id] += out.new_token_ids
+        if first:  # r2 took r0's slot in the step right after the abort
+            assert outputs["r2"]
+            first = False
+    assert outputs["r2"] == greedy_reference(pair[0], PROMPTS[2], 25)
+
+
+def test_statistics_add_up(pair: Pair) -> None:
+    completions, cycles = engine(pair).generate(
+        PROMPTS, SamplingParams(max_tokens=40, ignore_eos=True)
+    )
+    for cycle in cycles:
+        assert len(cycle.accepted_lengths) == cycle.verifications
+        assert sum(cycle.accepted_lengths) == cycle.accepted_tokens + cycle.verifications
+        per_position = cycle.accepted_per_position
+        assert per_position == sorted(per_position, reverse=True)  # acceptance is a prefix
+        assert sum(per_position) == cycle.accepted_tokens
+        assert cycle.corrected_accepted_tokens <= cycle.corrected_tokens
+        assert (
+            cycle.seconds["total"]
+            >= cycle.seconds["draft"] + cycle.seconds["correct"] + cycle.seconds["verify"] - 1e-9
+        )
+    total_verifications = sum(c.verifications for c in cycles)
+    total_accepted = sum(c.accepted_tokens for c in cycles)
+    assert sum(c.stats.verifications for c in completions) == total_verifications
+    assert sum(c.stats.accepted_tokens for c in completions) == total_accepted
+    for completion in completions:
+        committed = completion.stats.verifications + completion.stats.accepted_tokens
+        assert committed >= len(completion.token_ids) - 1  # the first token comes from prefill
+
+
+def test_stop_tokens_and_limits(pair: Pair) -> None:
+    reference = greedy_reference(pair[0], PROMPTS[1], 30)
+    stop = reference[12]
+    eng = engine(pair, eos_token_ids=(stop,))
+    (done,), _ = eng.generate([PROMPTS[1]], SamplingParams(max_tokens=30))
+    assert done.finish_reason == "stop"
+    assert done.token_ids == reference[: reference.index(stop) + 1]
+    (ignored,), _ = engine(pair, eos_token_ids=(stop,)).generate(
+        [PROMPTS[1]], SamplingParams(max_tokens=30, ignore_eos=True)
+    )
+    assert ignored.token_ids == reference
+    (short,), _ = engine(pair).generate([PROMPTS[1]], SamplingParams(max_tokens=3))
+    assert short.token_ids == reference[:3]
+    assert short.finish_reason == "length"
+    target, drafter = pair
+    tight = Engine(target, drafter, EngineConfig(max_model_len=len(PROMPTS[1]) + 5))
+    (edge,), _ = tight.generate([PROMPTS[1]], SamplingParams(max_tokens=50))
+    assert edge.token_ids == reference[:5]
+    assert edge.finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [([], "empty"), ([1] * 96, "context"), ([1, 99], "token ids"), ([1, -1], "token ids")],
+)
+def test_bad_requests_are_refused(pair: Pair, prompt: list[int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        engine(pair).add_request("x", prompt, SamplingParams())
+
+
+def test_duplicate_ids_and_bad_parameters_are_refused(pair: Pair) -> None:
+    eng = engine(pair)
+    eng.add_request("x", [1, 2], SamplingParams())
+    with pytest.raises(ValueError, match="in use"):
+        eng.add_request("x", [1, 2], SamplingParams())
+    for bad in ({"max_tokens": 0}, {"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}):
+        name = next(iter(bad))
+        with pytest.raises(ValueError, match=name):
+            SamplingParams(**bad)  # type: ignore[arg-type]
+
+
+def test_mismatched_models_are_refused(pair: Pair) -> None:
+    _, drafter = pair
+    with pytest.raises(ValueError, match="hidden size"):
+        Engine(make_target(hidden=48), drafter, EngineConfig())
+    with pytest.raises(ValueError, match="needs a drafter"):
+        Engine(pair[0], None, EngineConfig(mode=Mode.DFLASH))
+    with pytest.raises(ValueError, match="corrector"):
+        Engine(
+            pair[0],
+            DFlashDrafter(drafter.config.without_corrector()),
+            EngineConfig(mode=Mode.DCOCO),
+        )
