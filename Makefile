@@ -25,4 +25,4 @@ lint:
 	$(BIN)/mypy
 
 bench-core:
-	$(BIN)/python -m dcoco.bench.core
+	$(BIN)/python -m dcoco.bench.core --out docs/bench-core.md

@@ -54,11 +54,18 @@ def test_batched_scores_equal_a_naive_loop_over_pairs_and_candidates() -> None:
             s = F.silu(c.pair(torch.cat([slot_hidden[r, p], slot_hidden[r, p + 1]])))
             for a in range(k):
                 for b in range(k):
-                    h = F.silu(
+                    h = F.relu(
                         c.delta_from(z(r, p, a)) + c.delta_to(z(r, p + 1, b)) + c.delta_pair(s)
                     )
                     naive[r, p, a, b] = cands.logits[r, p + 1, b] + c.delta_out(h)[0]
     torch.testing.assert_close(batched, naive, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # the inference path gathers from a whole-vocabulary token table
+        torch.testing.assert_close(
+            corrector(slot_hidden, cands.ids, cands.logits, embed), naive, rtol=1e-5, atol=1e-5
+        )
+        torch.nn.init.normal_(corrector.rep_token.weight)  # an update rebuilds the table
+        changed = corrector(slot_hidden, cands.ids, cands.logits, embed)
+    torch.testing.assert_close(changed, corrector(slot_hidden, cands.ids, cands.logits, embed))
 
 
 def test_a_trained_corrector_changes_some_choices() -> None:

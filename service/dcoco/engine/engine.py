@@ -228,7 +228,7 @@ class Engine:
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         """One token per row from logits [N, V]: argmax for greedy rows, else a sample."""
-        tokens = logits.argmax(-1)  # [N]
+        tokens = logits.max(-1).indices  # [N]
         uniforms = self._uniforms(seqs, 1)
         if uniforms is None:
             return tokens

@@ -101,7 +101,7 @@ class ModelRunner:
     def correct(self, draft: Draft) -> Selection:
         """Picks the draft: top-1 per slot (dflash) or a rule over corrector scores (dcoco)."""
         if self.cfg.mode is Mode.DFLASH:
-            tokens = draft.logits.argmax(-1)  # [N, B]
+            tokens = draft.logits.max(-1).indices  # [N, B]; max is faster than argmax on CPU
             return Selection(index=torch.zeros_like(tokens), tokens=tokens)
         assert self.drafter is not None
         assert self.drafter.corrector is not None

@@ -29,7 +29,7 @@ def verify_greedy(logits: torch.Tensor, draft: torch.Tensor) -> Verdict:
     target's argmax at the first mismatch. Accepted tokens equal the argmax, so the committed
     tokens are simply the target's argmax row.
     """
-    target = logits.argmax(-1)  # [R, B+1]
+    target = logits.max(-1).indices  # [R, B+1]; max is faster than argmax on CPU
     return Verdict(tokens=target, accepted=accepted_prefix(draft == target[:, :-1]))
 
 

@@ -1,0 +1,1 @@
+"""Subcommands of `dcoco`: each module has `configure(parser)` and `run(args)`."""

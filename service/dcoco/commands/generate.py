@@ -1,0 +1,34 @@
+"""Generate text with the embedded engine."""
+
+import argparse
+
+from dcoco.cli import positive_int
+
+
+def configure(gen: argparse.ArgumentParser) -> None:
+    gen.add_argument("--target", required=True, help="Hugging Face Qwen3 folder")
+    gen.add_argument("--drafter", help="DFlash or DCOCO drafter folder (vLLM layout)")
+    gen.add_argument("--mode", choices=["vanilla", "dflash", "dcoco"], default="dcoco")
+    gen.add_argument("--rule", choices=["prefix", "global", "discounted"], default="prefix")
+    gen.add_argument("--gamma", type=float, default=0.5, help="the discounted rule's decay")
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="one prompt")
+    source.add_argument("--prompts", help='a JSONL file, one {"prompt": ...} per line')
+    gen.add_argument("--max-tokens", type=positive_int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user turn")
+    gen.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    gen.add_argument(
+        "--num-speculative-tokens", type=positive_int, help="B; default: the drafter's"
+    )
+    gen.add_argument("--top-k", type=positive_int, help="K; default: the corrector's")
+    gen.add_argument("--batch-size", type=positive_int, default=16, help="concurrent sequences")
+    gen.add_argument("--max-model-len", type=positive_int, default=2048)
+
+
+def run(args: argparse.Namespace) -> None:
+    from dcoco.generate import run_generate
+
+    run_generate(args)

@@ -1,0 +1,105 @@
+"""`dcoco generate`: run prompts through the embedded engine, for people and for scripts."""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dcoco.checkpoint import CheckpointError, load_drafter, load_target
+from dcoco.cli import UsageError
+from dcoco.engine.config import EngineConfig, Mode
+from dcoco.engine.engine import Completion, Engine
+from dcoco.engine.sampling import SamplingParams
+from dcoco.spec.select import Rule
+from dcoco.tokenizer import Tokenizer, TokenizerError
+
+MAX_PROMPT_FILE_BYTES = 64 * 1024 * 1024
+
+
+def run_generate(args: argparse.Namespace) -> None:
+    prompts = [args.prompt] if args.prompt is not None else read_prompts(Path(args.prompts))
+    try:
+        tokenizer = Tokenizer.from_dir(args.target)
+        engine = build_engine(args, tokenizer)
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            seed=args.seed,
+        )
+        encoded = [encode(tokenizer, text, args.chat) for text in prompts]
+        completions, _ = engine.generate(encoded, params)
+    except (CheckpointError, TokenizerError, ValueError) as problem:
+        raise UsageError(str(problem)) from None
+    for text, completion in zip(prompts, completions, strict=True):
+        print(render(text, completion, tokenizer, args.json))
+        sys.stdout.flush()
+
+
+def build_engine(args: argparse.Namespace, tokenizer: Tokenizer) -> Engine:
+    mode = Mode(args.mode)
+    if mode is not Mode.VANILLA and args.drafter is None:
+        raise UsageError(f"--mode {mode} needs --drafter")
+    target = load_target(args.target)
+    if tokenizer.vocab_size > target.config.vocab_size:
+        raise UsageError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens, the target only "
+            f"{target.config.vocab_size}"
+        )
+    drafter = load_drafter(args.drafter) if mode is not Mode.VANILLA else None
+    cfg = EngineConfig(
+        mode=mode,
+        rule=Rule(args.rule),
+        gamma=args.gamma,
+        num_speculative_tokens=args.num_speculative_tokens,
+        top_k=args.top_k,
+        max_batch_size=args.batch_size,
+        max_model_len=args.max_model_len,
+        eos_token_ids=tokenizer.eos_token_ids,
+    )
+    return Engine(target, drafter, cfg)
+
+
+def read_prompts(path: Path) -> list[str]:
+    """Prompts from a JSONL file; a bad line is reported by its number."""
+    try:
+        if path.stat().st_size > MAX_PROMPT_FILE_BYTES:
+            raise UsageError(f"{path}: larger than {MAX_PROMPT_FILE_BYTES} bytes")
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as problem:
+        raise UsageError(f"{path}: cannot read ({problem})") from None
+    prompts = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as problem:
+            raise UsageError(f"{path}:{number}: not valid JSON ({problem.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+            raise UsageError(f'{path}:{number}: expected an object with a string "prompt"')
+        prompts.append(record["prompt"])
+    if not prompts:
+        raise UsageError(f"{path}: no prompts")
+    return prompts
+
+
+def encode(tokenizer: Tokenizer, text: str, chat: bool) -> list[int]:
+    if chat:
+        text = tokenizer.render_chat([{"role": "user", "content": text}])
+    return tokenizer.encode(text)
+
+
+def render(prompt: str, completion: Completion, tokenizer: Tokenizer, as_json: bool) -> str:
+    text = tokenizer.decode(completion.token_ids)
+    if not as_json:
+        return text
+    record = {
+        "prompt": prompt,
+        "prompt_tokens": len(completion.prompt_ids),
+        "token_ids": completion.token_ids,
+        "text": text,
+        "finish_reason": completion.finish_reason,
+        "stats": completion.stats.to_dict(),
+    }
+    return json.dumps(record, ensure_ascii=False)
