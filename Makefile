@@ -14,7 +14,7 @@ setup:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install $(TORCH_INDEX_FLAG) "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -e ".[engine,dev]"
+	$(BIN)/pip install -e ".[engine,serve,dev]"
 
 test: lint
 	$(BIN)/pytest

@@ -1,5 +1,7 @@
 """Random-weight models for tests: small enough to run hundreds of cycles in a second."""
 
+from pathlib import Path
+
 import torch
 
 from dcoco.model.layers import TransformerConfig
@@ -127,3 +129,39 @@ def distill(
         loss.backward()
         optimizer.step()
     return drafter.eval()
+
+
+TEXTS = [
+    "def add(a, b):\n    return a + b\n",
+    "The cat sat on the mat.",
+    "x = [i * i for i in range(10)]",
+]
+
+
+def write_models(root: Path, distilled: bool = True) -> dict[str, Path]:
+    """A tokenizer, a random target and its DCOCO and DFlash drafters, saved as folders. The
+    target never emits a special token, so the length of an answer is max_tokens."""
+    from dataclasses import replace
+
+    from dcoco.checkpoint import save_drafter, save_target
+    from dcoco.tokenizer import MASK, Tokenizer, save_tokenizer, train_tokenizer
+
+    save_tokenizer(train_tokenizer(TEXTS * 20, vocab_size=300), root / "target")
+    tokenizer = Tokenizer.from_dir(root / "target")
+    target = make_target(vocab=tokenizer.vocab_size, hidden=32, layers=3)
+    with torch.no_grad():  # special tokens (ids 0..3) never win: answers run to max_tokens
+        target.lm_head.weight.mul_(4.0)
+        target.lm_head.weight[:4] = 0.0
+    save_target(target, root / "target", {"eos_token_id": tokenizer.eos_token_ids[0]})
+    cfg = replace(drafter_config(target, top_k=4), mask_token_id=tokenizer.token_id(MASK))
+    torch.manual_seed(1)
+    drafter = DFlashDrafter(cfg).eval()
+    if distilled:
+        drafter = distill(target, drafter)
+    save_drafter(drafter, root / "dcoco")
+    plain = DFlashDrafter(cfg.without_corrector())
+    plain.load_state_dict(
+        {k: v for k, v in drafter.state_dict().items() if not k.startswith("corrector.")}
+    )
+    save_drafter(plain, root / "dflash")
+    return {"target": root / "target", "dcoco": root / "dcoco", "dflash": root / "dflash"}

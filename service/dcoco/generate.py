@@ -5,10 +5,11 @@ import json
 import sys
 from pathlib import Path
 
-from dcoco.checkpoint import CheckpointError, load_drafter, load_target
+from dcoco.checkpoint import CheckpointError
 from dcoco.cli import UsageError
 from dcoco.engine.config import EngineConfig, Mode
 from dcoco.engine.engine import Completion, Engine
+from dcoco.engine.load import load_engine
 from dcoco.engine.sampling import SamplingParams
 from dcoco.spec.select import Rule
 from dcoco.tokenizer import Tokenizer, TokenizerError
@@ -40,13 +41,6 @@ def build_engine(args: argparse.Namespace, tokenizer: Tokenizer) -> Engine:
     mode = Mode(args.mode)
     if mode is not Mode.VANILLA and args.drafter is None:
         raise UsageError(f"--mode {mode} needs --drafter")
-    target = load_target(args.target)
-    if tokenizer.vocab_size > target.config.vocab_size:
-        raise UsageError(
-            f"the tokenizer has {tokenizer.vocab_size} tokens, the target only "
-            f"{target.config.vocab_size}"
-        )
-    drafter = load_drafter(args.drafter) if mode is not Mode.VANILLA else None
     cfg = EngineConfig(
         mode=mode,
         rule=Rule(args.rule),
@@ -57,7 +51,13 @@ def build_engine(args: argparse.Namespace, tokenizer: Tokenizer) -> Engine:
         max_model_len=args.max_model_len,
         eos_token_ids=tokenizer.eos_token_ids,
     )
-    return Engine(target, drafter, cfg)
+    engine = load_engine(Path(args.target), Path(args.drafter) if args.drafter else None, cfg)
+    vocab = engine.runner.target.config.vocab_size
+    if tokenizer.vocab_size > vocab:
+        raise UsageError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens, the target only {vocab}"
+        )
+    return engine
 
 
 def read_prompts(path: Path) -> list[str]:

@@ -4,6 +4,7 @@
 draft, correct, verify, commit. Requests join and leave between steps.
 """
 
+import copy
 import time
 from dataclasses import dataclass, field, replace
 
@@ -26,7 +27,7 @@ class RequestOutput:
     new_token_ids: list[int]  # committed this step
     finished: bool
     finish_reason: str | None
-    stats: SpecStats | None  # the request's lifetime speculation, once it has finished
+    stats: SpecStats  # the request's speculation so far (a shallow copy)
 
 
 @dataclass
@@ -120,9 +121,7 @@ class Engine:
                 if out.finished:
                     done[out.request_id] = out
         completions = [
-            Completion(
-                i, p, tokens[i], done[i].finish_reason or "abort", done[i].stats or SpecStats()
-            )
+            Completion(i, p, tokens[i], done[i].finish_reason or "abort", done[i].stats)
             for i, p in zip(ids, prompts, strict=True)
         ]
         return completions, cycles
@@ -203,7 +202,7 @@ class Engine:
                 kept,
                 seq.finished,
                 seq.finish_reason,
-                seq.stats if seq.finished else None,
+                copy.copy(seq.stats),
             )
         )
 

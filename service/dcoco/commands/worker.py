@@ -1,0 +1,40 @@
+"""Run a worker: one engine consuming one model's request stream."""
+
+import argparse
+import sys
+
+from dcoco.cli import UsageError, positive_int, settings_from
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--engine", choices=["torch", "instant"], help="DCOCO_ENGINE (instant: benchmark fixture)"
+    )
+    parser.add_argument("--model-name", help="the model name clients ask for (DCOCO_MODEL_NAME)")
+    parser.add_argument("--target", help="target folder (DCOCO_TARGET)")
+    parser.add_argument("--drafter", help="drafter folder (DCOCO_DRAFTER)")
+    parser.add_argument("--mode", choices=["vanilla", "dflash", "dcoco"], help="DCOCO_MODE")
+    parser.add_argument("--rule", choices=["prefix", "global", "discounted"], help="DCOCO_RULE")
+    parser.add_argument("--max-batch-size", type=positive_int, help="DCOCO_MAX_BATCH_SIZE")
+    parser.add_argument("--max-model-len", type=positive_int, help="DCOCO_MAX_MODEL_LEN")
+    parser.add_argument("--metrics-port", type=int, help="DCOCO_METRICS_PORT (0: none)")
+    parser.add_argument("--redis-url", help="DCOCO_REDIS_URL")
+
+
+def run(args: argparse.Namespace) -> None:
+    import asyncio
+
+    from dcoco.checkpoint import CheckpointError
+    from dcoco.logs import configure_logging
+    from dcoco.settings import WorkerSettings
+    from dcoco.tokenizer import TokenizerError
+    from dcoco.worker.main import run_worker
+
+    settings = settings_from(WorkerSettings, args)
+    configure_logging(settings.log_level)
+    try:
+        status = asyncio.run(run_worker(settings))
+    except (CheckpointError, TokenizerError, ValueError, OSError) as problem:
+        raise UsageError(str(problem)) from None
+    if status:
+        sys.exit(status)

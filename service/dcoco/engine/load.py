@@ -1,0 +1,16 @@
+"""Builds an engine from model folders: the one path the CLI, the worker and the evaluation use."""
+
+from pathlib import Path
+
+from dcoco.checkpoint import load_drafter, load_target
+from dcoco.engine.config import EngineConfig, Mode
+from dcoco.engine.engine import Engine
+
+
+def load_engine(target: Path, drafter: Path | None, cfg: EngineConfig) -> Engine:
+    """Raises CheckpointError for a bad folder and ValueError for a mismatched pair."""
+    if cfg.mode is not Mode.VANILLA and drafter is None:
+        raise ValueError(f"mode {cfg.mode} needs a drafter folder")
+    model = load_target(target)
+    draft_model = load_drafter(drafter) if cfg.mode is not Mode.VANILLA and drafter else None
+    return Engine(model, draft_model, cfg)

@@ -1,0 +1,57 @@
+"""The models this gateway can serve: cards and tokenizers that workers publish in Redis.
+
+The gateway holds no model files. It tokenizes with the tokenizer a worker published, so it can
+count prompt tokens and refuse an oversized prompt before any work is queued.
+"""
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from dcoco.gateway.errors import ModelNotFound, Unavailable
+from dcoco.queue.client import GatewayQueue
+from dcoco.queue.protocol import ModelCard
+from dcoco.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    card: ModelCard
+    tokenizer: Tokenizer
+
+
+class Catalog:
+    def __init__(self, queue: GatewayQueue, refresh_s: float = 2.0) -> None:
+        self.queue, self.refresh_s = queue, refresh_s
+        self.cards: dict[str, ModelCard] = {}
+        self.tokenizers: dict[str, Tokenizer] = {}  # by tokenizer sha
+        self.fetched = float("-inf")
+        self.lock = asyncio.Lock()
+
+    async def models(self) -> list[ModelCard]:
+        await self._refresh()
+        return sorted(self.cards.values(), key=lambda c: c.name)
+
+    async def get(self, name: str) -> ServedModel:
+        await self._refresh()
+        card = self.cards.get(name)
+        if card is None:
+            raise ModelNotFound(f"the model '{name}' does not exist", param="model")
+        tokenizer = self.tokenizers.get(card.tokenizer_sha)
+        if tokenizer is None:
+            raw = await self.queue.tokenizer_json(card.tokenizer_sha)
+            if raw is None:
+                raise Unavailable(f"the tokenizer of '{name}' is not published yet")
+            tokenizer = Tokenizer(HFTokenizer.from_str(raw), card.chat_template, [])
+            self.tokenizers[card.tokenizer_sha] = tokenizer
+        return ServedModel(card, tokenizer)
+
+    async def _refresh(self) -> None:
+        if time.monotonic() - self.fetched < self.refresh_s:
+            return
+        async with self.lock:
+            if time.monotonic() - self.fetched >= self.refresh_s:
+                self.cards = await self.queue.cards()
+                self.fetched = time.monotonic()

@@ -1,0 +1,89 @@
+"""One typed error tree, mapped to OpenAI's error envelope:
+
+{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+"""
+
+from typing import Any
+
+
+class APIError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message, self.param = message, param
+        self.code = code or self.code
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class InvalidRequest(APIError):
+    status, type, code = 400, "invalid_request_error", "invalid_request"
+
+
+class Unsupported(InvalidRequest):
+    code = "unsupported_parameter"
+
+
+class PayloadTooLarge(InvalidRequest):
+    status = 413
+    code = "payload_too_large"
+
+
+class Unauthorized(APIError):
+    status, type, code = 401, "invalid_request_error", "invalid_api_key"
+
+
+class ModelNotFound(APIError):
+    status, type, code = 404, "invalid_request_error", "model_not_found"
+
+
+class NotFound(APIError):
+    status, type, code = 404, "invalid_request_error", "not_found"
+
+
+class RateLimited(APIError):
+    """429 with Retry-After; `code` says which limit: rate, concurrency or queue depth."""
+
+    status, type, code = 429, "rate_limit_error", "rate_limit_exceeded"
+
+    def __init__(self, message: str, retry_after_s: float, code: str) -> None:
+        seconds = str(max(1, round(retry_after_s + 0.499)))
+        super().__init__(message, code=code, headers={"Retry-After": seconds})
+
+
+class Unavailable(APIError):
+    status, type, code = 503, "service_unavailable_error", "queue_unavailable"
+
+
+class Timeout(APIError):
+    status, type, code = 504, "timeout_error", "queue_timeout"
+
+
+class Cancelled(APIError):
+    status, type, code = 499, "invalid_request_error", "cancelled"
+
+
+def from_worker(status: int, code: str, message: str) -> APIError:
+    """An error a worker reported on the response stream, as the gateway answers it."""
+    kind = {400: InvalidRequest, 499: Cancelled, 503: Unavailable, 504: Timeout}.get(
+        status, APIError
+    )
+    return kind(message, code=code)

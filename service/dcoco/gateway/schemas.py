@@ -1,0 +1,155 @@
+"""OpenAI request bodies, validated strictly: anything this server cannot honour is a 400 that
+names the parameter, never silently ignored."""
+
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from dcoco.gateway.errors import InvalidRequest, Unsupported
+
+MAX_STOPS = 4  # OpenAI's limit
+MAX_STOP_CHARS = 256
+
+# OpenAI parameters this server does not implement, with the values that mean "off". A request
+# may send them with one of these values (many SDKs do); anything else is refused.
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "logprobs": (False, 0),
+    "top_logprobs": (0,),
+    "logit_bias": ({},),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "parallel_tool_calls": (False, True),
+    "response_format": ({"type": "text"},),
+    "echo": (False,),
+    "suffix": ("",),
+    "best_of": (1,),
+    "service_tier": ("auto", "default"),
+    "store": (False,),
+    "metadata": ({},),
+    "modalities": (["text"],),
+    "audio": (),
+    "prediction": (),
+    "reasoning_effort": (),
+    "web_search_options": (),
+}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(Strict):
+    type: Literal["text"]
+    text: str
+
+
+class Message(Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    refusal: None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value: object) -> object:
+        if isinstance(value, list):
+            for part in value:
+                if isinstance(part, dict) and part.get("type") != "text":
+                    raise ValueError(
+                        f"content parts of type {part.get('type')!r} are not supported"
+                    )
+        return value
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class Sampling(Strict):
+    model: str = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)  # OpenAI's default and range
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1)
+    user: str | None = Field(None, max_length=256)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences")
+        if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"stop sequences must have 1 to {MAX_STOP_CHARS} characters")
+        return value
+
+    def stops(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    def wants_usage_chunk(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    def budget(self) -> int | None:
+        if (
+            self.max_tokens
+            and self.max_completion_tokens
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise InvalidRequest("max_tokens and max_completion_tokens differ", param="max_tokens")
+        return self.max_completion_tokens or self.max_tokens
+
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
+class CompletionRequest(Sampling):
+    prompt: str | list[str] | TokenIds | list[TokenIds]
+
+    def budget(self) -> int | None:
+        return self.max_tokens
+
+
+S = TypeVar("S", bound=Sampling)
+
+
+def parse(model: type[S], raw: object) -> S:
+    """Validates a decoded JSON body; every problem is an InvalidRequest naming the field."""
+    if not isinstance(raw, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    body = dict(raw)
+    for name, neutral in NEUTRAL.items():
+        if name in body:
+            value = body.pop(name)
+            if value is not None and value not in neutral:
+                raise Unsupported(f"'{name}' is not supported by this server", param=name)
+    try:
+        request = model.model_validate(body)
+    except ValidationError as bad:
+        first = bad.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        message = "unknown parameter" if first["type"] == "extra_forbidden" else first["msg"]
+        raise InvalidRequest(f"{where}: {message}", param=where or None) from None
+    if request.stream_options is not None and not request.stream:
+        raise InvalidRequest(
+            "stream_options is only allowed with stream: true", param="stream_options"
+        )
+    return request

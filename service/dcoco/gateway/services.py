@@ -1,0 +1,28 @@
+"""The objects one gateway app shares between its routes."""
+
+from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from dcoco.gateway.catalog import Catalog
+from dcoco.gateway.guard import Guard
+from dcoco.gateway.jobs import Jobs
+from dcoco.gateway.metrics import GatewayMetrics
+from dcoco.queue.client import GatewayQueue
+from dcoco.settings import GatewaySettings
+
+
+@dataclass
+class Services:
+    settings: GatewaySettings
+    queue: GatewayQueue
+    catalog: Catalog
+    guard: Guard
+    jobs: Jobs
+    metrics: GatewayMetrics
+
+
+def services_of(request: Request) -> Services:
+    services = request.app.state.services
+    assert isinstance(services, Services)
+    return services

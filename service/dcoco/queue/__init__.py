@@ -1,0 +1,1 @@
+"""The Redis Streams queue between gateways and workers."""

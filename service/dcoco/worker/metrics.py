@@ -1,0 +1,115 @@
+"""Prometheus exporter for a worker: speculation, queue wait and token counts.
+
+Useful PromQL (all series carry `model`):
+
+    mean accepted length (bonus included):
+        1 + rate(dcoco_spec_accepted_tokens_total[5m]) / rate(dcoco_spec_cycles_total[5m])
+    draft acceptance rate:
+        rate(dcoco_spec_accepted_tokens_total[5m]) / rate(dcoco_spec_draft_tokens_total[5m])
+    acceptance at slot p:
+        rate(dcoco_spec_accepted_tokens_per_position_total{position="p"}[5m])
+          / rate(dcoco_spec_cycles_total[5m])
+    share of accepted tokens the corrector rescued:
+        rate(dcoco_spec_corrected_accepted_tokens_total[5m])
+          / rate(dcoco_spec_accepted_tokens_total[5m])
+    p99 cycle time:
+        histogram_quantile(0.99,
+          sum by (le) (rate(dcoco_spec_cycle_seconds_bucket{phase="total"}[5m])))
+"""
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from dcoco.engine.stats import CycleStats
+
+SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+WAIT_SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ACCEPTED_LENGTH = (*(float(n) for n in range(1, 17)), 24.0, 32.0)  # 1..B+1 for B <= 31
+
+
+class WorkerMetrics:
+    def __init__(self, registry: CollectorRegistry, model: str) -> None:
+        self.model = model
+        m = ["model"]
+        self.cycles = Counter("dcoco_spec_cycles", "Verification cycles", m, registry=registry)
+        self.draft_tokens = Counter(
+            "dcoco_spec_draft_tokens", "Drafted tokens", m, registry=registry
+        )
+        self.accepted_tokens = Counter(
+            "dcoco_spec_accepted_tokens",
+            "Accepted drafted tokens, bonus excluded",
+            m,
+            registry=registry,
+        )
+        self.accepted_per_position = Counter(
+            "dcoco_spec_accepted_tokens_per_position",
+            "Accepted drafted tokens at each slot",
+            ["model", "position"],
+            registry=registry,
+        )
+        self.corrected_tokens = Counter(
+            "dcoco_spec_corrected_tokens",
+            "Drafted tokens not the top-1 candidate",
+            m,
+            registry=registry,
+        )
+        self.corrected_accepted_tokens = Counter(
+            "dcoco_spec_corrected_accepted_tokens",
+            "Corrected drafted tokens the verifier accepted",
+            m,
+            registry=registry,
+        )
+        self.acceptance_length = Histogram(
+            "dcoco_spec_acceptance_length",
+            "Tokens committed per cycle, bonus included",
+            m,
+            buckets=ACCEPTED_LENGTH,
+            registry=registry,
+        )
+        self.cycle_seconds = Histogram(
+            "dcoco_spec_cycle_seconds",
+            "Cycle wall time by phase",
+            ["model", "phase"],
+            buckets=SECONDS,
+            registry=registry,
+        )
+        self.queue_wait = Histogram(
+            "dcoco_queue_wait_seconds",
+            "Enqueue to worker pickup",
+            m,
+            buckets=WAIT_SECONDS,
+            registry=registry,
+        )
+        self.prompt_tokens = Counter(
+            "dcoco_prompt_tokens", "Prompt tokens prefilled", m, registry=registry
+        )
+        self.generation_tokens = Counter(
+            "dcoco_generation_tokens", "Tokens generated", m, registry=registry
+        )
+        self.cancel_latency = Histogram(
+            "dcoco_cancel_latency_seconds",
+            "Client disconnect (as the gateway saw it) to engine abort",
+            m,
+            buckets=SECONDS,
+            registry=registry,
+        )
+        self.requests = Counter(
+            "dcoco_worker_requests",
+            "Requests a worker ended, by outcome",
+            ["model", "outcome"],
+            registry=registry,
+        )
+
+    def observe_cycle(self, cycle: CycleStats) -> None:
+        model = self.model
+        self.cycles.labels(model).inc(cycle.verifications)
+        self.draft_tokens.labels(model).inc(cycle.draft_tokens)
+        self.accepted_tokens.labels(model).inc(cycle.accepted_tokens)
+        for position, count in enumerate(cycle.accepted_per_position):
+            self.accepted_per_position.labels(model, str(position)).inc(count)
+        self.corrected_tokens.labels(model).inc(cycle.corrected_tokens)
+        self.corrected_accepted_tokens.labels(model).inc(cycle.corrected_accepted_tokens)
+        histogram = self.acceptance_length.labels(model)
+        for length in cycle.accepted_lengths:
+            histogram.observe(length)
+        for phase, seconds in cycle.seconds.items():
+            self.cycle_seconds.labels(model, phase).observe(seconds)

@@ -1,0 +1,152 @@
+"""One request on a worker: from its stream entry to its last event.
+
+A reclaimed request continues where its previous attempt stopped:
+- nothing was sent yet: it simply runs;
+- greedy or unseeded sampling: it continues from prompt + the tokens already sent, which is
+  exactly what an uninterrupted run would do (greedy) or distributed identically (sampling);
+- seeded sampling: it replays from the start, checks that the replay reproduces the tokens
+  already sent, and continues; if it does not, it ends with an error event.
+"""
+
+import asyncio
+import time
+from contextlib import aclosing
+
+from dcoco.engine.sampling import SamplingParams
+from dcoco.queue.consumer import Delivery, Ownership, WorkerQueue
+from dcoco.queue.protocol import Envelope, ErrorInfo, Event, Usage
+from dcoco.tokenizer import Tokenizer
+from dcoco.worker.detokenizer import Detokenizer
+from dcoco.worker.engine_client import EngineClient, EngineDelta, EngineRequest
+from dcoco.worker.metrics import WorkerMetrics
+from dcoco.worker.outbox import Outbox
+
+
+class RequestRun:
+    def __init__(
+        self,
+        envelope: Envelope,
+        delivery: Delivery,
+        engine: EngineClient,
+        tokenizer: Tokenizer,
+        outbox: Outbox,
+        metrics: WorkerMetrics,
+        queue: WorkerQueue,
+    ) -> None:
+        self.envelope, self.delivery, self.engine = envelope, delivery, engine
+        self.tokenizer, self.outbox, self.metrics, self.queue = tokenizer, outbox, metrics, queue
+        self.cancelled = False
+        self.owned: Ownership | None = None
+
+    def cancel(self) -> None:
+        """The client went away: abort the engine request; execute() then returns "abort"."""
+        self.cancelled = True
+        asyncio.get_running_loop().create_task(self.engine.abort(self.envelope.id))
+
+    async def execute(self) -> str:
+        """Runs the request and returns its outcome (a finish reason, or why it did not run)."""
+        env, entry = self.envelope, self.delivery.entry_id
+        if (await self.queue.cancelled([env.id])) or self.cancelled:
+            self.outbox.orphan(entry)
+            return "cancelled"
+        owned = self.owned = await self.queue.own(env.id, self.delivery.reclaimed)
+        if owned.finished:
+            self.outbox.put(owned, None, entry)
+            return "duplicate"
+        if not self.delivery.reclaimed:
+            if env.expired():
+                self._fail(
+                    504, "queue_timeout", "the request waited in the queue past its deadline"
+                )
+                return "expired"
+            self.metrics.queue_wait.labels(env.model).observe(
+                max(0.0, time.time() - env.enqueued_at)
+            )
+        return await self._generate(owned)
+
+    async def _generate(self, owned: Ownership) -> str:
+        env, p = self.envelope, self.envelope.params
+        replay = list(owned.emitted_ids) if p.seed is not None else []
+        prompt = list(env.prompt_ids) + ([] if replay else owned.emitted_ids)
+        budget = p.max_tokens - (0 if replay else len(owned.emitted_ids))
+        detok = Detokenizer(self.tokenizer, p.stop, owned.emitted_ids, owned.sent_text)
+        if budget < 1:
+            return self._done(owned, "length", None, detok.flush())
+        params = SamplingParams(
+            max_tokens=budget, temperature=p.temperature, top_p=p.top_p, seed=p.seed
+        )
+        self.metrics.prompt_tokens.labels(env.model).inc(len(prompt))
+        generated = list(owned.emitted_ids)
+        last: EngineDelta | None = None
+        deltas = self.engine.generate(EngineRequest(env.id, prompt, params))
+        async with aclosing(deltas):  # leaving early aborts the engine request
+            async for delta in deltas:
+                last = delta
+                fresh = delta.token_ids
+                while replay and fresh:
+                    if fresh[0] != replay[0]:
+                        self._fail(
+                            500, "resume_mismatch", "a seeded request could not be replayed exactly"
+                        )
+                        return "error"
+                    fresh, replay = fresh[1:], replay[1:]
+                self.metrics.generation_tokens.labels(env.model).inc(len(delta.token_ids))
+                generated += fresh
+                text = detok.push(fresh)
+                if text or fresh:
+                    self._emit(
+                        Event(
+                            kind="delta",
+                            seq=self._seq(),
+                            attempt=owned.attempt,
+                            text=text,
+                            token_ids=tuple(fresh),
+                        )
+                    )
+                if detok.stopped:
+                    return self._done(owned, "stop", delta, "", len(generated))
+        if last is None or last.finish_reason in (None, "abort"):
+            self._fail(499, "cancelled", "the client closed the connection")
+            return "abort"
+        if last.finish_reason == "error":
+            self._fail(400, "invalid_request", last.error or "the engine refused the request")
+            return "error"
+        return self._done(owned, str(last.finish_reason), last, detok.flush(), len(generated))
+
+    def _done(
+        self,
+        owned: Ownership,
+        reason: str,
+        last: EngineDelta | None,
+        text: str,
+        completion: int = 0,
+    ) -> str:
+        if text:
+            self._emit(Event(kind="delta", seq=self._seq(), attempt=owned.attempt, text=text))
+        stats = last.stats if last is not None else None
+        usage = Usage(
+            prompt_tokens=len(self.envelope.prompt_ids),
+            completion_tokens=completion or len(owned.emitted_ids),
+            accepted_prediction_tokens=stats.accepted_tokens if stats else 0,
+            rejected_prediction_tokens=stats.rejected_tokens if stats else 0,
+        )
+        event = Event(
+            kind="done", seq=self._seq(), attempt=owned.attempt, finish_reason=reason, usage=usage
+        )
+        self.outbox.put(owned, event, self.delivery.entry_id)
+        return reason
+
+    def _fail(self, status: int, code: str, message: str) -> None:
+        assert self.owned is not None
+        error = ErrorInfo(status=status, code=code, message=message)
+        event = Event(kind="error", seq=self._seq(), attempt=self.owned.attempt, error=error)
+        self.outbox.put(self.owned, event, self.delivery.entry_id)
+
+    def _emit(self, event: Event) -> None:
+        assert self.owned is not None
+        self.outbox.put(self.owned, event)
+
+    def _seq(self) -> int:
+        assert self.owned is not None
+        self.owned.next_seq += 1
+        return self.owned.next_seq - 1
