@@ -19,7 +19,7 @@ def target_config(vocab: int = 16, hidden: int = 32, layers: int = 3) -> Transfo
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=hidden // 4,
-        max_position_embeddings=256,
+        max_position_embeddings=4096,
         rope_theta=10_000.0,
     )
 

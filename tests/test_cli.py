@@ -136,7 +136,7 @@ def one_line(err: str, message: str) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["generate", "--prompt", "x"], "--target"),
+        (["generate", "--target", "t"], "--prompt"),
         (["generate", "--target", "t", "--prompt", "x", "--max-tokens", "0"], "at least 1"),
     ],
 )

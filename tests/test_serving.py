@@ -15,7 +15,7 @@ from dcoco.engine.load import load_engine
 from dcoco.engine.sampling import SamplingParams
 from dcoco.tokenizer import Tokenizer
 from factories import write_models
-from stack import Stack, fetch, metric_values
+from stack import Stack, fetch, metric_values, wait_for
 
 pytestmark = pytest.mark.slow
 MODEL = Stack.MODEL
@@ -390,3 +390,23 @@ def test_every_contract_metric_is_exported(stack: Stack, client: openai.OpenAI) 
     )
     assert length_sum / length_count == pytest.approx(mean_from_counters)
     assert worker[f'dcoco_queue_wait_seconds_count{{model="{MODEL}"}}'] >= 1
+
+
+def test_a_malformed_queue_entry_is_dropped_and_counted(
+    stack: Stack, client: openai.OpenAI
+) -> None:
+    redis = stack.redis.client()
+    stream = f"dcoco:{MODEL}:requests"
+    redis.xadd(stream, {"r": '{"id": "x", "prompt_ids": "not a list"}'})
+    redis.xadd(stream, {"junk": "no envelope at all"})
+
+    def dropped() -> bool:
+        values = worker_metrics(stack)
+        return (
+            values.get(f'dcoco_worker_requests_total{{model="{MODEL}",outcome="malformed"}}') == 2
+        )
+
+    wait_for(dropped, timeout=10, what="both entries dropped")
+    wait_for(lambda: redis.xlen(stream) == 0, timeout=10, what="the entries deleted")
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, temperature=0)
+    assert reply.choices[0].finish_reason == "length"  # the worker carries on

@@ -174,3 +174,29 @@ def test_a_request_past_its_deadline_is_not_run(make_stack: type[Stack]) -> None
         if k.startswith("dcoco_worker_requests_total") and 'outcome="length"' in k
     )
     assert ran == 1  # only the first request generated anything
+
+
+def test_sigterm_drains_then_hands_back_what_is_left(make_stack: type[Stack]) -> None:
+    """A worker told to stop finishes what it can within its drain timeout, hands the rest back
+    to the stream, deregisters and exits 0; another worker completes the handed-back requests."""
+    stack = make_stack(DCOCO_MODE="vanilla", DCOCO_MAX_MODEL_LEN="4096").start(  # type: ignore[call-arg]
+        workers=2, DCOCO_DRAIN_TIMEOUT_S="0.3"
+    )
+    client = client_for(stack)
+    short = chat("short", max_tokens=8, temperature=0)
+    long = chat("long", max_tokens=3000, temperature=0)
+    expected_long = client.chat.completions.create(**long).choices[0].message.content  # type: ignore[call-overload]
+    stream = client.chat.completions.create(stream=True, **long)  # type: ignore[call-overload]
+    first = next(iter(stream))
+    victim_pid = owner_pid(stack, first.id)
+    victim = next(w for w in stack.workers if w.pid == victim_pid)
+    victim.signal(signal.SIGTERM)
+    text = first.choices[0].delta.content or ""
+    for chunk in stream:
+        text += "".join(c.delta.content or "" for c in chunk.choices)
+    assert text == expected_long  # handed back mid-stream, continued exactly elsewhere
+    assert victim.process is not None
+    assert victim.process.wait(timeout=30) == 0
+    workers_left = stack.redis.client().zrange(f"dcoco:{MODEL}:workers", 0, -1)
+    assert not any(w.endswith(f"-{victim_pid}") for w in workers_left)  # deregistered
+    assert client.chat.completions.create(**short).choices[0].finish_reason == "length"

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 S = TypeVar("S", bound="BaseSettings")
 
-COMMANDS = ("generate", "serve", "gateway", "worker")
+COMMANDS = ("generate", "train", "eval", "serve", "gateway", "worker")
 
 
 class UsageError(Exception):

@@ -9,8 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_MODELS = REPO_ROOT / "models" / "default"
+from dcoco.paths import DEFAULT_DCOCO, DEFAULT_TARGET
 
 
 class QueueSettings(BaseSettings):
@@ -61,14 +60,14 @@ class GatewaySettings(QueueSettings):
 class WorkerSettings(QueueSettings):
     model_name: str = "dcoco-default"  # the `model` clients ask for
     engine: Literal["torch", "instant"] = "torch"  # instant: a benchmark fixture, no model
-    target: Path = DEFAULT_MODELS / "target"
-    drafter: Path | None = DEFAULT_MODELS / "dcoco"
+    target: Path = DEFAULT_TARGET
+    drafter: Path | None = DEFAULT_DCOCO
     mode: Literal["vanilla", "dflash", "dcoco"] = "dcoco"
     rule: Literal["prefix", "global", "discounted"] = "prefix"
     num_speculative_tokens: int | None = Field(None, ge=1)  # None: the drafter's block size
     top_k: int | None = Field(None, ge=1)  # None: the corrector's K
     max_batch_size: int = Field(32, ge=1)  # concurrent sequences sharing each cycle
-    max_model_len: int = Field(2048, ge=16)
+    max_model_len: int | None = Field(None, ge=16)  # None: the target's max_position_embeddings
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9400, ge=0, le=65535)  # 0: no metrics endpoint
     heartbeat_s: float = Field(2.0, gt=0)

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import Template, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -34,6 +34,7 @@ class Tokenizer:
     ) -> None:
         self.inner = inner
         self.chat_template = chat_template
+        self._template: Template | None = None
         self.eos_token_ids = tuple(
             i for i in (inner.token_to_id(t) for t in eos_tokens) if i is not None
         )
@@ -75,10 +76,11 @@ class Tokenizer:
         """The prompt text for a conversation, ending with the assistant's turn opening."""
         if self.chat_template is None:
             raise TokenizerError("this tokenizer has no chat template")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         try:
-            template = env.from_string(self.chat_template)
-            return template.render(messages=messages, add_generation_prompt=True)
+            if self._template is None:  # compiled once: compiling costs far more than rendering
+                env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+                self._template = env.from_string(self.chat_template)
+            return self._template.render(messages=messages, add_generation_prompt=True)
         except TemplateError as bad:
             raise TokenizerError(f"the chat template failed: {bad}") from None
 

@@ -6,8 +6,14 @@ from dcoco.cli import positive_int
 
 
 def configure(gen: argparse.ArgumentParser) -> None:
-    gen.add_argument("--target", required=True, help="Hugging Face Qwen3 folder")
-    gen.add_argument("--drafter", help="DFlash or DCOCO drafter folder (vLLM layout)")
+    gen.add_argument(
+        "--target", help="Hugging Face Qwen3 folder; default: the embedded default model"
+    )
+    gen.add_argument(
+        "--drafter",
+        help="DFlash or DCOCO drafter folder (vLLM layout); default, when --target is not "
+        "given either: the embedded default's drafter for --mode",
+    )
     gen.add_argument("--mode", choices=["vanilla", "dflash", "dcoco"], default="dcoco")
     gen.add_argument("--rule", choices=["prefix", "global", "discounted"], default="prefix")
     gen.add_argument("--gamma", type=float, default=0.5, help="the discounted rule's decay")
@@ -25,10 +31,16 @@ def configure(gen: argparse.ArgumentParser) -> None:
     )
     gen.add_argument("--top-k", type=positive_int, help="K; default: the corrector's")
     gen.add_argument("--batch-size", type=positive_int, default=16, help="concurrent sequences")
-    gen.add_argument("--max-model-len", type=positive_int, default=2048)
+    gen.add_argument("--max-model-len", type=positive_int, help="default: the target's limit")
 
 
 def run(args: argparse.Namespace) -> None:
     from dcoco.generate import run_generate
+    from dcoco.paths import DEFAULT_DCOCO, DEFAULT_DFLASH, DEFAULT_TARGET
+
+    if args.target is None:  # the embedded default pair, drafter included
+        args.target = str(DEFAULT_TARGET)
+        if args.drafter is None and args.mode != "vanilla":
+            args.drafter = str(DEFAULT_DCOCO if args.mode == "dcoco" else DEFAULT_DFLASH)
 
     run_generate(args)

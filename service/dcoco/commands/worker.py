@@ -22,7 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    import asyncio
+    import uvloop
 
     from dcoco.checkpoint import CheckpointError
     from dcoco.logs import configure_logging
@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> None:
     settings = settings_from(WorkerSettings, args)
     configure_logging(settings.log_level)
     try:
-        status = asyncio.run(run_worker(settings))
+        status = uvloop.run(run_worker(settings))
     except (CheckpointError, TokenizerError, ValueError, OSError) as problem:
         raise UsageError(str(problem)) from None
     if status:

@@ -50,9 +50,16 @@ class Engine:
         self, target: Qwen3ForCausalLM, drafter: DFlashDrafter | None, cfg: EngineConfig
     ) -> None:
         block, top_k = _check_models(target, drafter, cfg)
+        limit = target.config.max_position_embeddings
+        if cfg.max_model_len is not None and cfg.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len {cfg.max_model_len} exceeds the target's limit "
+                f"(max_position_embeddings {limit})"
+            )
         self.cfg = cfg
+        self.max_model_len = cfg.max_model_len or limit
         self.block = block  # B, 0 in vanilla mode
-        self.runner = ModelRunner(target, drafter, cfg, block, top_k)
+        self.runner = ModelRunner(target, drafter, cfg, self.max_model_len, block, top_k)
         self.scheduler = Scheduler(cfg.max_batch_size)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self._ids: set[str] = set()
@@ -63,10 +70,10 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in use")
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        if len(prompt_ids) >= self.cfg.max_model_len:
+        if len(prompt_ids) >= self.max_model_len:
             raise ValueError(
                 f"the prompt has {len(prompt_ids)} tokens; the context holds "
-                f"{self.cfg.max_model_len} with at least one generated"
+                f"{self.max_model_len} with at least one generated"
             )
         if not all(0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt token ids must lie in [0, {vocab})")
@@ -75,7 +82,7 @@ class Engine:
         )
         self._ids.add(request_id)
         self.scheduler.add(
-            Sequence(request_id, list(prompt_ids), params, self.cfg.max_model_len, frozenset(stops))
+            Sequence(request_id, list(prompt_ids), params, self.max_model_len, frozenset(stops))
         )
 
     def abort(self, request_id: str) -> bool:

@@ -36,12 +36,13 @@ class ModelRunner:
         target: Qwen3ForCausalLM,
         drafter: DFlashDrafter | None,
         cfg: EngineConfig,
+        max_model_len: int,
         block: int,
         top_k: int,
     ) -> None:
         self.target, self.drafter, self.cfg = target, drafter, cfg
         self.block, self.top_k = block, top_k  # B and K
-        capacity = cfg.max_model_len + block + 2  # a verify block past the end, plus scratch
+        capacity = max_model_len + block + 2  # a verify block past the end, plus scratch
         t = target.config
         self.target_cache = KVCache(
             t.num_hidden_layers, cfg.max_batch_size, t.num_key_value_heads, t.head_dim, capacity

@@ -12,6 +12,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
 from dcoco.gateway.errors import APIError, RateLimited, Timeout, Unavailable, from_worker
 from dcoco.gateway.formats import DONE, Choice, Format, sse
 from dcoco.gateway.metrics import GatewayMetrics
@@ -92,6 +94,11 @@ class Jobs:
             )
         except UNAVAILABLE:
             job.events.put_nowait((index, Unavailable("the queue is unavailable")))
+        except (ValidationError, KeyError):
+            log.error("malformed event on the response stream of %s", request_id)
+            job.events.put_nowait(
+                (index, APIError("a worker sent a malformed event", code="bad_event"))
+            )
 
     async def wait_started(self, job: Job) -> None:
         """Returns once every choice has started; raises the first error instead."""

@@ -74,8 +74,8 @@ class GatewayQueue:
         return int(await self.redis.zcount(keys.workers(model), since, "+inf"))
 
     async def cards(self) -> dict[str, ModelCard]:
-        names = [k async for k in self.redis.scan_iter(match=keys.MODEL_CARD_PATTERN, count=100)]
-        raw = await self.redis.mget(names) if names else []
+        names = sorted(str(n) for n in await self.redis.smembers(keys.MODELS))
+        raw = await self.redis.mget([keys.model_card(n) for n in names]) if names else []
         cards = [ModelCard.model_validate_json(r) for r in raw if r is not None]
         return {card.name: card for card in cards}
 

@@ -58,6 +58,7 @@ class WorkerQueue:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(keys.tokenizer(card.tokenizer_sha), tokenizer_json, ex=keys.MODEL_CARD_TTL_S)
             pipe.set(keys.model_card(card.name), card.model_dump_json(), ex=keys.MODEL_CARD_TTL_S)
+            pipe.sadd(keys.MODELS, card.name)
             pipe.xgroup_create(self.stream, keys.GROUP, id="0", mkstream=True)
             await pipe.execute(raise_on_error=False)  # BUSYGROUP: the group already exists
 
@@ -97,15 +98,17 @@ class WorkerQueue:
         )
         return [_delivery(entry_id, fields, True) for entry_id, fields in stream_entries(reply[1])]
 
-    async def own(self, request_id: str, reclaimed: bool) -> Ownership:
-        """Takes ownership; for a reclaimed request, also reads what was delivered before."""
-        ttls = [keys.OWNER_TTL_S, keys.RESPONSE_TTL_S]
-        attempt = int(
-            await self._claim(
-                keys=[keys.owner(request_id), keys.response(request_id)],
-                args=[self.worker_id, *ttls],
-            )
-        )
+    async def own(
+        self, request_id: str, reclaimed: bool, announce: bool = True
+    ) -> Ownership | None:
+        """Takes ownership (announcing the start to the reader unless told not to); for a
+        reclaimed request, also reads what earlier attempts delivered. None: the client has
+        cancelled the request, which nobody should run any more."""
+        args: list[Any] = [self.worker_id, keys.OWNER_TTL_S, keys.RESPONSE_TTL_S, int(announce)]
+        request_keys = [keys.owner(request_id), keys.response(request_id), keys.cancel(request_id)]
+        attempt = int(await self._claim(keys=request_keys, args=args))
+        if not attempt:
+            return None
         owned = Ownership(request_id, f"{self.worker_id} {attempt}", attempt)
         if reclaimed or attempt > 1:
             for _, fields in stream_entries(await self.redis.xrange(keys.response(request_id))):

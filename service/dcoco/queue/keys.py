@@ -33,7 +33,7 @@ def model_card(model: str) -> str:
     return f"dcoco:model:{model}"
 
 
-MODEL_CARD_PATTERN = "dcoco:model:*"
+MODELS = "dcoco:models"
 
 
 def tokenizer(sha: str) -> str:

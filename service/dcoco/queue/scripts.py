@@ -28,17 +28,24 @@ end
 return redis.call('XLEN', KEYS[1]) - pending[1]
 """
 
-# Takes ownership of a request and tells its reader it has started (a "start" event).
-# KEYS: owner, response stream. ARGV: worker id, owner ttl, response ttl -> attempt number.
+# Takes ownership of a request and, unless ARGV[4] is '0', tells its reader it has started
+# (a "start" event); does nothing if the client has cancelled it.
+# KEYS: owner, response stream, cancel flag. ARGV: worker id, owner ttl, response ttl, announce
+# -> attempt number, or 0 if cancelled.
 CLAIM = """
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return 0
+end
 local current = redis.call('GET', KEYS[1])
 local attempt = 1
 if current then
   attempt = tonumber(string.match(current, ' (%d+)$')) + 1
 end
 redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. attempt, 'EX', ARGV[2])
-redis.call('XADD', KEYS[2], '*', 'e', '{"kind":"start","seq":-1,"attempt":' .. attempt .. '}')
-redis.call('EXPIRE', KEYS[2], ARGV[3])
+if ARGV[4] ~= '0' then
+  redis.call('XADD', KEYS[2], '*', 'e', '{"kind":"start","seq":-1,"attempt":' .. attempt .. '}')
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+end
 return attempt
 """
 

@@ -61,7 +61,7 @@ _Command = tuple[str, EngineRequest | str | None]
 class TorchEngineClient:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.max_model_len = engine.cfg.max_model_len
+        self.max_model_len = engine.max_model_len
         self.max_concurrency = engine.cfg.max_batch_size
         self._loop = asyncio.get_running_loop()
         self._commands: queue.SimpleQueue[_Command] = queue.SimpleQueue()

@@ -30,7 +30,7 @@ def build_engine_client(settings: WorkerSettings, tokenizer: Tokenizer) -> Engin
         from dcoco.bench.instant import InstantEngineClient
 
         ids = tokenizer.encode(INSTANT_ANSWER)
-        return InstantEngineClient(settings.max_model_len, settings.max_batch_size, ids)
+        return InstantEngineClient(settings.max_model_len or 2048, settings.max_batch_size, ids)
     from dcoco.engine.load import load_engine
 
     cfg = EngineConfig(

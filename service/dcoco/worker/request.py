@@ -45,20 +45,19 @@ class RequestRun:
 
     async def execute(self) -> str:
         """Runs the request and returns its outcome (a finish reason, or why it did not run)."""
-        env, entry = self.envelope, self.delivery.entry_id
-        if (await self.queue.cancelled([env.id])) or self.cancelled:
+        env, entry, reclaimed = self.envelope, self.delivery.entry_id, self.delivery.reclaimed
+        expired = not reclaimed and env.expired()  # a reclaimed request was picked up in time
+        owned = self.owned = await self.queue.own(env.id, reclaimed, announce=not expired)
+        if owned is None or self.cancelled:
             self.outbox.orphan(entry)
             return "cancelled"
-        owned = self.owned = await self.queue.own(env.id, self.delivery.reclaimed)
         if owned.finished:
             self.outbox.put(owned, None, entry)
             return "duplicate"
-        if not self.delivery.reclaimed:
-            if env.expired():
-                self._fail(
-                    504, "queue_timeout", "the request waited in the queue past its deadline"
-                )
-                return "expired"
+        if expired:
+            self._fail(504, "queue_timeout", "the request waited in the queue past its deadline")
+            return "expired"
+        if not reclaimed:
             self.metrics.queue_wait.labels(env.model).observe(
                 max(0.0, time.time() - env.enqueued_at)
             )

@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
 from redis.exceptions import ResponseError
 
 from dcoco.queue.connection import UNAVAILABLE
@@ -180,6 +181,13 @@ class Worker:
             self.metrics.requests.labels(self.card.name, outcome).inc()
         except UNAVAILABLE:
             log.warning("request dropped: Redis unavailable", extra={"request": request_id})
+            self.outbox.orphan(flight.delivery.entry_id)
+        except (ValidationError, KeyError):
+            log.error(
+                "request dropped: malformed events in its response stream",
+                extra={"request": request_id},
+            )
+            self.metrics.requests.labels(self.card.name, "malformed").inc()
             self.outbox.orphan(flight.delivery.entry_id)
         finally:
             self.inflight.pop(request_id, None)

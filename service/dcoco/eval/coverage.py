@@ -1,0 +1,95 @@
+"""Top-K coverage by slot depth: how often the verifier's token is among the drafter's top-1
+and top-K candidates at each slot.
+
+Measured teacher-forced on the target's greedy completions, with a block drafted at every
+position of each completion, exactly as the engine would draft it there (the equivalence is
+tested in test_drafter.py). Under greedy decoding the token the verifier commits after a
+correct prefix is the next token of the completion, so that is the label. From the same
+blocks come two accepted lengths: the top-1 draft's, and an oracle walk's that takes the
+true token whenever it is among the top K, the ceiling for any re-selection.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.spec.drafter import DFlashDrafter, teacher_forced_blocks
+
+
+@dataclass
+class Coverage:
+    top_k: int
+    slots: list[int]  # labelled slots at each depth
+    top1: list[int]  # of those, the label was the top-1
+    topk: list[int]  # of those, the label was among the top K
+    topk_when_top1_wrong: list[int]  # label in the top K where the top-1 was wrong
+    blocks: int = 0  # blocks with all B slots labelled, for the accepted lengths
+    top1_accepted: int = 0  # sum over those blocks of the top-1 draft's accepted prefix
+    oracle_accepted: int = 0  # the same for the oracle walk
+
+    @classmethod
+    def empty(cls, block: int, top_k: int) -> "Coverage":
+        return cls(top_k, [0] * block, [0] * block, [0] * block, [0] * block)
+
+    def add(self, top1_hit: torch.Tensor, topk_hit: torch.Tensor, valid: torch.Tensor) -> None:
+        """top1_hit, topk_hit, valid [A, B] bool for A blocks."""
+        for name, hits in (
+            ("slots", valid),
+            ("top1", top1_hit & valid),
+            ("topk", topk_hit & valid),
+            ("topk_when_top1_wrong", topk_hit & ~top1_hit & valid),
+        ):
+            counts = hits.sum(0).tolist()  # [B]
+            setattr(self, name, [a + b for a, b in zip(getattr(self, name), counts, strict=True)])
+        full = valid.all(1)  # [A]
+        self.blocks += int(full.sum())
+        self.top1_accepted += int(top1_hit[full].int().cumprod(1).sum())
+        self.oracle_accepted += int(topk_hit[full].int().cumprod(1).sum())
+
+    def summary(self) -> dict[str, object]:
+        def rate(num: list[int], den: list[int]) -> list[float]:
+            return [round(n / d, 4) if d else 0.0 for n, d in zip(num, den, strict=True)]
+
+        misses = [s - t for s, t in zip(self.slots, self.top1, strict=True)]
+        blocks = max(1, self.blocks)
+        return {
+            "top_k": self.top_k,
+            "slots": sum(self.slots),
+            "top1_by_depth": rate(self.top1, self.slots),
+            "topk_by_depth": rate(self.topk, self.slots),
+            "topk_given_top1_wrong_by_depth": rate(self.topk_when_top1_wrong, misses),
+            "topk_given_top1_wrong": round(sum(self.topk_when_top1_wrong) / max(1, sum(misses)), 4),
+            "teacher_forced_accepted_length_top1": round(1 + self.top1_accepted / blocks, 3),
+            "teacher_forced_accepted_length_oracle": round(1 + self.oracle_accepted / blocks, 3),
+        }
+
+
+@torch.no_grad()
+def measure_coverage(
+    target: Qwen3ForCausalLM,
+    drafter: DFlashDrafter,
+    sequences: list[tuple[list[int], list[int]]],
+    top_k: int,
+) -> Coverage:
+    """sequences: (prompt ids, greedy completion ids) pairs."""
+    block = drafter.config.block_size
+    result = Coverage.empty(block, top_k)
+    for prompt, completion in sequences:
+        if len(completion) < 2:
+            continue
+        tokens = torch.tensor([prompt + completion])  # [1, T]
+        length = tokens.shape[1]
+        anchors = torch.arange(len(prompt), length - 1).unsqueeze(0)  # [1, A] pending tokens
+        positions = torch.arange(length).unsqueeze(0)  # [1, T]
+        _, feats = target(tokens, positions, feature_layers=drafter.config.target_layer_ids)
+        assert feats is not None
+        hidden = teacher_forced_blocks(drafter, target.model.embed_tokens, feats, tokens, anchors)
+        logits = target.logits(hidden[0])  # [A, B, V]
+        wanted = anchors[0].unsqueeze(1) + torch.arange(1, block + 1)  # [A, B]
+        valid = wanted < length  # [A, B]
+        labels = tokens[0, wanted.clamp(max=length - 1)]  # [A, B]
+        candidates = logits.topk(top_k, dim=-1).indices  # [A, B, K]
+        hits = candidates == labels.unsqueeze(-1)  # [A, B, K]
+        result.add(hits[..., 0], hits.any(-1), valid)
+    return result

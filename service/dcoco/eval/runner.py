@@ -1,0 +1,161 @@
+"""Runs every (setting, suite, variant) through the embedded engine and measures it.
+
+A variant is a drafting mode on one of the shipped drafters; a setting is a temperature and a
+batch width. Every run gets a fresh engine, one short warm-up request, then the suite's prompts
+all at once: at batch 1 they run one after another, at batch 16 concurrently. Tokens/s is
+generated tokens over that wall time, prefill included, the same for every variant.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+from dcoco.engine.config import EngineConfig, Mode
+from dcoco.engine.engine import Completion, Engine
+from dcoco.engine.sampling import SamplingParams
+from dcoco.engine.stats import PHASES, CycleStats, SpecStats
+from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.spec.drafter import DFlashDrafter
+from dcoco.spec.select import Rule
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    mode: Mode
+    drafter: str | None  # folder of the drafter under the models folder
+    rule: Rule = Rule.PREFIX
+
+
+VARIANTS = (
+    Variant("vanilla", Mode.VANILLA, None),
+    Variant("dflash", Mode.DFLASH, "dflash"),
+    Variant("dcoco-prefix", Mode.DCOCO, "dcoco"),
+    Variant("dcoco-global", Mode.DCOCO, "dcoco", Rule.GLOBAL),
+    Variant("dcoco-discounted", Mode.DCOCO, "dcoco", Rule.DISCOUNTED),
+    Variant("dcoco-frozen", Mode.DCOCO, "dcoco-frozen"),
+    # The jointly trained drafter's own top-1, corrector off: separates what the corrector
+    # buys from what the drafter's extra training bought.
+    Variant("dcoco-top1", Mode.DFLASH, "dcoco"),
+)
+VARIANT_NAMES = tuple(v.name for v in VARIANTS)
+
+
+@dataclass(frozen=True)
+class Setting:
+    temperature: float
+    batch: int
+
+    @property
+    def name(self) -> str:
+        return f"{'greedy' if self.temperature == 0 else f't{self.temperature:g}'}-b{self.batch}"
+
+
+SETTINGS = (Setting(0.0, 1), Setting(0.0, 16), Setting(1.0, 1), Setting(1.0, 16))
+SETTING_NAMES = tuple(s.name for s in SETTINGS)
+
+
+@dataclass
+class Measurement:
+    suite: str
+    variant: str
+    setting: str
+    prompts: int
+    generated_tokens: int
+    seconds: float
+    verifications: int
+    accepted_length: float  # tokens committed per verification, bonus included
+    acceptance_by_position: list[float]  # share of verifications that accepted slot p
+    corrected_tokens: int
+    corrected_accepted_tokens: int
+    phase_seconds: dict[str, float]  # summed over cycles (the batch's wall time per phase)
+    identical_to_vanilla: int | None = None  # greedy only: completions equal to vanilla's
+    speedup: float | None = None  # tokens/s over vanilla's in the same suite and setting
+    token_ids: list[list[int]] = field(default_factory=list, repr=False)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def correct_share(self) -> float:
+        total = self.phase_seconds.get("total", 0.0)
+        return self.phase_seconds.get("correct", 0.0) / total if total else 0.0
+
+
+@dataclass(frozen=True)
+class Models:
+    target: Qwen3ForCausalLM
+    drafters: dict[str, DFlashDrafter]
+    eos_token_ids: tuple[int, ...]
+
+
+def measure(
+    models: Models,
+    variant: Variant,
+    setting: Setting,
+    suite: str,
+    prompts: list[list[int]],
+    max_tokens: int,
+    max_model_len: int,
+) -> Measurement:
+    drafter = models.drafters[variant.drafter] if variant.drafter else None
+    cfg = EngineConfig(
+        mode=variant.mode,
+        rule=variant.rule,
+        max_batch_size=setting.batch,
+        max_model_len=max_model_len,
+        eos_token_ids=models.eos_token_ids,
+    )
+    engine = Engine(models.target, drafter, cfg)
+    params = SamplingParams(max_tokens=max_tokens, temperature=setting.temperature)
+    engine.generate(prompts[:1], SamplingParams(max_tokens=8))  # warm-up
+    started = time.perf_counter()
+    completions, cycles = engine.generate(prompts, params)
+    seconds = time.perf_counter() - started
+    return summarise(suite, variant.name, setting.name, completions, cycles, seconds)
+
+
+def summarise(
+    suite: str,
+    variant: str,
+    setting: str,
+    completions: list[Completion],
+    cycles: list[CycleStats],
+    seconds: float,
+) -> Measurement:
+    stats = SpecStats()
+    for completion in completions:
+        stats.add(completion.stats)
+    phases = dict.fromkeys(PHASES, 0.0)
+    for cycle in cycles:
+        for phase in PHASES:
+            phases[phase] += cycle.seconds.get(phase, 0.0)
+    checks = max(1, stats.verifications)
+    return Measurement(
+        suite=suite,
+        variant=variant,
+        setting=setting,
+        prompts=len(completions),
+        generated_tokens=sum(len(c.token_ids) for c in completions),
+        seconds=seconds,
+        verifications=stats.verifications,
+        accepted_length=stats.mean_accepted_length,
+        acceptance_by_position=[n / checks for n in stats.accepted_per_position],
+        corrected_tokens=stats.corrected_tokens,
+        corrected_accepted_tokens=stats.corrected_accepted_tokens,
+        phase_seconds=phases,
+        token_ids=[c.token_ids for c in completions],
+    )
+
+
+def compare_to_vanilla(runs: list[Measurement]) -> None:
+    """Fills speedup (and, for greedy settings, identical_to_vanilla) in place."""
+    vanilla = {(m.suite, m.setting): m for m in runs if m.variant == "vanilla"}
+    for m in runs:
+        base = vanilla.get((m.suite, m.setting))
+        if base is None:
+            continue
+        m.speedup = m.tokens_per_s / base.tokens_per_s if base.tokens_per_s else None
+        if m.setting.startswith("greedy"):
+            pairs = zip(m.token_ids, base.token_ids, strict=True)
+            m.identical_to_vanilla = sum(a == b for a, b in pairs)

@@ -1,0 +1,94 @@
+"""Token data for the stages: a packed stream for the target, padded continuations for drafters.
+
+Every document is a rendered chat: the prompt exactly as `dcoco generate --chat` and
+evaluation build it, then the answer and `<|im_end|>`, so training sees what inference sees.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from dcoco.tokenizer import END_OF_TEXT, IM_END, Tokenizer
+from dcoco.train.corpus import Record
+
+
+def chat_prompt(tokenizer: Tokenizer, user: str) -> str:
+    return tokenizer.render_chat([{"role": "user", "content": user}])
+
+
+def document(tokenizer: Tokenizer, record: Record) -> str:
+    return chat_prompt(tokenizer, record.user) + record.assistant + IM_END + "\n"
+
+
+def encode_stream(tokenizer: Tokenizer, records: list[Record]) -> np.ndarray:
+    """All records' documents, each followed by <|endoftext|>, as one uint16 stream [L]."""
+    eot = tokenizer.token_id(END_OF_TEXT)
+    encoded = tokenizer.inner.encode_batch(
+        [document(tokenizer, r) for r in records], add_special_tokens=False
+    )
+    pieces = [np.asarray([*e.ids, eot], dtype=np.uint16) for e in encoded]
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint16)  # [L]
+
+
+def random_windows(
+    stream: torch.Tensor, count: int, length: int, generator: torch.Generator
+) -> torch.Tensor:
+    """`count` windows of length + 1 tokens at random offsets: [count, length + 1]."""
+    starts = torch.randint(0, len(stream) - length - 1, (count,), generator=generator)  # [N]
+    return stream[starts.unsqueeze(1) + torch.arange(length + 1)].long()  # [N, T+1]
+
+
+def tiled_windows(stream: torch.Tensor, length: int, limit: int) -> torch.Tensor:
+    """Up to `limit` consecutive, non-overlapping windows: [N, length + 1]."""
+    count = max(0, min(limit, (len(stream) - 1) // length))
+    starts = torch.arange(count) * length  # [N]
+    return stream[starts.unsqueeze(1) + torch.arange(length + 1)].long()  # [N, T+1]
+
+
+@dataclass(frozen=True)
+class Continuations:
+    """The target's own greedy continuations of training prompts."""
+
+    tokens: torch.Tensor  # [S, T] prompt then continuation, padded with <|endoftext|>
+    prompt_lens: torch.Tensor  # [S]
+    lengths: torch.Tensor  # [S] prompt plus continuation
+
+    def save(self, path: Path) -> None:
+        torch.save(
+            {"tokens": self.tokens, "prompt_lens": self.prompt_lens, "lengths": self.lengths},
+            path,
+        )
+
+    @classmethod
+    def load(cls, path: Path) -> "Continuations":
+        raw = torch.load(path, weights_only=True)
+        return cls(raw["tokens"], raw["prompt_lens"], raw["lengths"])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def subset(self, rows: torch.Tensor) -> "Continuations":
+        return Continuations(self.tokens[rows], self.prompt_lens[rows], self.lengths[rows])
+
+    def batch(
+        self, rows: torch.Tensor, anchors: int, block: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows [N] -> tokens [N, T], anchors [N, A], labels [N, A, B].
+
+        Anchors are pending-token positions inside the continuation, where the engine drafts.
+        Slot p's label is the continuation token at anchor + p + 1: the target's greedy choice
+        after the true prefix, i.e. its argmax. Slots past the end are labelled -100.
+        """
+        width = int(self.lengths[rows].max())
+        tokens = self.tokens[rows, :width]  # [N, T]
+        low = self.prompt_lens[rows].unsqueeze(1)  # [N, 1]
+        span = self.lengths[rows].unsqueeze(1) - 1 - low  # [N, 1] anchors with a label
+        draw = torch.rand(len(rows), anchors, generator=generator)  # [N, A]
+        starts = low + (draw * span).long()  # [N, A]
+        targets = starts.unsqueeze(-1) + torch.arange(1, block + 1)  # [N, A, B]
+        valid = targets < self.lengths[rows].view(-1, 1, 1)  # [N, A, B]
+        gathered = tokens.gather(1, targets.clamp(max=width - 1).view(len(rows), -1))  # [N, A*B]
+        labels = torch.where(valid, gathered.view_as(targets), -100)  # [N, A, B]
+        return tokens, starts, labels

