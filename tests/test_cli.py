@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli_checks import one_line
 from dcoco.checkpoint import save_drafter, save_target
 from dcoco.cli import main
 from dcoco.model.qwen3 import Qwen3ForCausalLM
@@ -125,12 +126,6 @@ def bad_jsonl(models: dict[str, Path], content: str) -> str:
     path = models["prompts"].parent / "bad.jsonl"
     path.write_text(content)
     return str(path)
-
-
-def one_line(err: str, message: str) -> None:
-    assert message in err
-    assert len(err.strip().splitlines()) == 1
-    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(

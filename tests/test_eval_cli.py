@@ -6,13 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_checks import one_line
 from dcoco.cli import main
-
-
-def one_line(err: str, message: str) -> None:
-    assert message in err
-    assert len(err.strip().splitlines()) == 1
-    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize(
