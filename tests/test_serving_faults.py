@@ -56,17 +56,18 @@ def owner_pid(stack: Stack, response_id: str) -> int:
 
 
 def test_a_killed_worker_s_requests_finish_on_another_exactly_once(make_stack: type[Stack]) -> None:
-    stack = make_stack().start(workers=2)  # type: ignore[call-arg]
+    # Vanilla decoding and long answers, so the kill always lands mid-generation.
+    stack = make_stack(DCOCO_MODE="vanilla", DCOCO_MAX_MODEL_LEN="4096").start(workers=2)  # type: ignore[call-arg]
     client = client_for(stack)
     cases = {
-        "greedy": chat("def add(a, b):", max_tokens=300, temperature=0),
-        "seeded": chat("x = [", max_tokens=300, temperature=1.0, seed=7),
+        "greedy": chat("def add(a, b):", max_tokens=1500, temperature=0),
+        "seeded": chat("x = [", max_tokens=1500, temperature=1.0, seed=7),
     }
     expected = {
         name: client.chat.completions.create(**body).choices[0].message.content
         for name, body in cases.items()
     }  # type: ignore[call-overload]
-    cases["unseeded"] = chat("The cat", max_tokens=300, temperature=1.0)
+    cases["unseeded"] = chat("The cat", max_tokens=1500, temperature=1.0)
     streams = {
         name: client.chat.completions.create(stream=True, **body) for name, body in cases.items()
     }  # type: ignore[call-overload]
