@@ -89,9 +89,10 @@ def distill(
 ) -> DFlashDrafter:
     """Teaches a drafter the target's greedy continuations for a few seconds, so engine tests
     see real acceptances, partial and full, instead of a drafter that is always wrong."""
-    from dcoco.engine.config import EngineConfig, Mode
     from dcoco.engine.engine import Engine
-    from dcoco.engine.sampling import SamplingParams
+    from dcoco.shared.engine_config import EngineConfig
+    from dcoco.shared.options import Mode
+    from dcoco.shared.sampling import SamplingParams
     from dcoco.spec.drafter import teacher_forced_blocks
 
     g = torch.Generator().manual_seed(seed)

@@ -6,9 +6,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dcoco.checkpoint import CheckpointError, load_drafter, load_target, save_drafter, save_target
-from dcoco.engine.config import EngineConfig, Mode
 from dcoco.engine.engine import Engine
-from dcoco.engine.sampling import SamplingParams
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode
+from dcoco.shared.sampling import SamplingParams
 from dcoco.spec.drafter import DFlashDrafter
 from factories import drafter_config, make_drafter, make_target
 

@@ -1,11 +1,11 @@
 import pytest
 
-from dcoco.engine.config import EngineConfig, Mode
 from dcoco.engine.engine import Engine
-from dcoco.engine.sampling import SamplingParams
 from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode, Rule
+from dcoco.shared.sampling import SamplingParams
 from dcoco.spec.drafter import DFlashDrafter
-from dcoco.spec.select import Rule
 from factories import greedy_reference, make_target
 
 Pair = tuple[Qwen3ForCausalLM, DFlashDrafter]

@@ -1,12 +1,13 @@
 import pytest
 import torch
 
-from dcoco.engine.config import EngineConfig, Mode
 from dcoco.engine.engine import Engine
-from dcoco.engine.sampling import SamplingParams
 from dcoco.eval.coverage import Coverage, measure_coverage
 from dcoco.eval.runner import Measurement, compare_to_vanilla
 from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode
+from dcoco.shared.sampling import SamplingParams
 from dcoco.spec.drafter import DFlashDrafter
 
 Pair = tuple[Qwen3ForCausalLM, DFlashDrafter]

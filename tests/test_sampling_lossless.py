@@ -6,10 +6,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from dcoco.engine.config import EngineConfig, Mode
 from dcoco.engine.engine import Engine
-from dcoco.engine.sampling import SamplingParams
 from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode
+from dcoco.shared.sampling import SamplingParams
 from dcoco.spec.verify import target_probs
 from factories import make_drafter, make_target
 

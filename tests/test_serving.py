@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
-from dcoco.engine.config import EngineConfig
 from dcoco.engine.load import load_engine
-from dcoco.engine.sampling import SamplingParams
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.sampling import SamplingParams
 from dcoco.tokenizer import Tokenizer
 from factories import write_models
 from stack import Stack, fetch, metric_values, wait_for

@@ -7,11 +7,11 @@ import torch
 
 from dcoco.checkpoint import load_drafter, load_target
 from dcoco.cli import main
-from dcoco.engine.config import EngineConfig, Mode
 from dcoco.engine.engine import Engine
-from dcoco.engine.sampling import SamplingParams
 from dcoco.paths import DEFAULT_HELDOUT, DEFAULT_MODELS, DEFAULT_TARGET
-from dcoco.spec.select import Rule
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode, Rule
+from dcoco.shared.sampling import SamplingParams
 from dcoco.tokenizer import IM_END, MASK, Tokenizer
 from dcoco.train.data import chat_prompt
 

@@ -9,9 +9,10 @@ import torch
 
 from dcoco.checkpoint import load_drafter, load_target
 from dcoco.cli import main
-from dcoco.engine.config import EngineConfig, Mode
 from dcoco.engine.engine import Engine
-from dcoco.engine.sampling import SamplingParams
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode
+from dcoco.shared.sampling import SamplingParams
 from dcoco.tokenizer import MASK, Tokenizer
 from dcoco.train.data import chat_prompt
 from dcoco.train.loop import Budget, train_loop

@@ -10,42 +10,16 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from typing import NoReturn
 
-if TYPE_CHECKING:
-    from pydantic_settings import BaseSettings
-
-S = TypeVar("S", bound="BaseSettings")
+from dcoco.shared.errors import UsageError
 
 COMMANDS = ("generate", "train", "eval", "serve", "gateway", "worker")
-
-
-class UsageError(Exception):
-    """A problem with the user's input; printed as one line, exit status 1."""
 
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def settings_from(cls: type[S], args: argparse.Namespace) -> S:
-    """Settings from DCOCO_* variables, overridden by the flags the user gave."""
-    from pydantic import ValidationError
-
-    overrides = {k: v for k, v in vars(args).items() if k in cls.model_fields and v is not None}
-    try:
-        return cls(**overrides)
-    except ValidationError as problem:
-        error = problem.errors()[0]
-        raise UsageError(f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}") from None
 
 
 def build_parser() -> Parser:

@@ -6,12 +6,12 @@ import sys
 from pathlib import Path
 
 from dcoco.checkpoint import CheckpointError
-from dcoco.cli import UsageError
-from dcoco.engine.config import EngineConfig, Mode
 from dcoco.engine.engine import Completion, Engine
 from dcoco.engine.load import load_engine
-from dcoco.engine.sampling import SamplingParams
-from dcoco.spec.select import Rule
+from dcoco.settings import EngineSettings, settings_from
+from dcoco.shared.errors import UsageError
+from dcoco.shared.options import Mode
+from dcoco.shared.sampling import SamplingParams
 from dcoco.tokenizer import Tokenizer, TokenizerError
 
 MAX_PROMPT_FILE_BYTES = 64 * 1024 * 1024
@@ -38,19 +38,10 @@ def run_generate(args: argparse.Namespace) -> None:
 
 
 def build_engine(args: argparse.Namespace, tokenizer: Tokenizer) -> Engine:
-    mode = Mode(args.mode)
-    if mode is not Mode.VANILLA and args.drafter is None:
-        raise UsageError(f"--mode {mode} needs --drafter")
-    cfg = EngineConfig(
-        mode=mode,
-        rule=Rule(args.rule),
-        gamma=args.gamma,
-        num_speculative_tokens=args.num_speculative_tokens,
-        top_k=args.top_k,
-        max_batch_size=args.batch_size,
-        max_model_len=args.max_model_len,
-        eos_token_ids=tokenizer.eos_token_ids,
-    )
+    settings = settings_from(EngineSettings, args)
+    if settings.mode is not Mode.VANILLA and args.drafter is None:
+        raise UsageError(f"--mode {settings.mode} needs --drafter")
+    cfg = settings.engine_config(tokenizer.eos_token_ids)
     engine = load_engine(Path(args.target), Path(args.drafter) if args.drafter else None, cfg)
     vocab = engine.runner.target.config.vocab_size
     if tokenizer.vocab_size > vocab:

@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from dcoco.cli import UsageError
+from dcoco.shared.errors import UsageError
 
 READY_TIMEOUT_S = 180.0
 

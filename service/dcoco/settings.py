@@ -3,13 +3,29 @@
 Nothing is read at import time: each process builds its settings object once, in main.
 """
 
+import argparse
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from dcoco.paths import DEFAULT_DCOCO, DEFAULT_TARGET
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.errors import UsageError
+from dcoco.shared.options import Mode, Rule
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def settings_from(cls: type[S], args: argparse.Namespace) -> S:
+    """Settings from DCOCO_* variables, overridden by the flags the user gave."""
+    overrides = {k: v for k, v in vars(args).items() if k in cls.model_fields and v is not None}
+    try:
+        return cls(**overrides)
+    except ValidationError as problem:
+        error = problem.errors()[0]
+        raise UsageError(f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}") from None
 
 
 class QueueSettings(BaseSettings):
@@ -37,6 +53,15 @@ class GatewaySettings(QueueSettings):
     max_n: int = Field(8, ge=1)  # choices per request
     stall_timeout_s: float = Field(60.0, gt=0)  # longest silence from a started request
     retry_after_s: int = Field(1, ge=1)  # Retry-After when the queue is full
+    # A stream silent this long gets an SSE comment (": ping"), so that proxies and load
+    # balancers, which often cut idle connections after 60 s, keep it open.
+    sse_keepalive_s: float = Field(15.0, gt=0)
+    # Threads that parse, render and tokenize request bodies off the event loop; more requests
+    # wait for a free thread.
+    tokenizer_threads: int = Field(4, ge=1)
+    # False: /readyz needs Redis only, not a live worker. Set it when workers scale to zero,
+    # or the gateway goes unready exactly when requests should wait for a worker to start.
+    readyz_requires_workers: bool = True
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -57,17 +82,40 @@ class GatewaySettings(QueueSettings):
         return tuple(keys)
 
 
-class WorkerSettings(QueueSettings):
-    model_name: str = "dcoco-default"  # the `model` clients ask for
-    engine: Literal["torch", "instant"] = "torch"  # instant: a benchmark fixture, no model
-    target: Path = DEFAULT_TARGET
-    drafter: Path | None = DEFAULT_DCOCO
-    mode: Literal["vanilla", "dflash", "dcoco"] = "dcoco"
-    rule: Literal["prefix", "global", "discounted"] = "prefix"
+class EngineSettings(BaseSettings):
+    """How an engine drafts and batches: what `dcoco worker` and `dcoco generate` share."""
+
+    model_config = SettingsConfigDict(env_prefix="DCOCO_", extra="ignore")
+
+    mode: Mode = Mode.DCOCO
+    rule: Rule = Rule.PREFIX
+    gamma: float = Field(0.5, gt=0.0, le=1.0)  # the discounted rule's decay per slot
     num_speculative_tokens: int | None = Field(None, ge=1)  # None: the drafter's block size
     top_k: int | None = Field(None, ge=1)  # None: the corrector's K
     max_batch_size: int = Field(32, ge=1)  # concurrent sequences sharing each cycle
     max_model_len: int | None = Field(None, ge=16)  # None: the target's max_position_embeddings
+
+    def engine_config(self, eos_token_ids: tuple[int, ...]) -> EngineConfig:
+        """The one place settings become an engine configuration."""
+        return EngineConfig(
+            mode=self.mode,
+            rule=self.rule,
+            gamma=self.gamma,
+            num_speculative_tokens=self.num_speculative_tokens,
+            top_k=self.top_k,
+            max_batch_size=self.max_batch_size,
+            max_model_len=self.max_model_len,
+            eos_token_ids=eos_token_ids,
+        )
+
+
+class WorkerSettings(QueueSettings, EngineSettings):
+    model_name: str = "dcoco-default"  # the `model` clients ask for
+    # torch: the embedded engine. instant: a test and benchmark fixture that answers with a
+    # fixed text and runs no model; never a serving engine.
+    engine: Literal["torch", "instant"] = "torch"
+    target: Path = DEFAULT_TARGET
+    drafter: Path | None = DEFAULT_DCOCO
     metrics_host: str = "127.0.0.1"
     metrics_port: int = Field(9400, ge=0, le=65535)  # 0: no metrics endpoint
     heartbeat_s: float = Field(2.0, gt=0)

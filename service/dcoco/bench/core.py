@@ -15,11 +15,12 @@ from pathlib import Path
 
 import torch
 
-from dcoco.engine.config import EngineConfig, Mode
 from dcoco.engine.engine import Engine
-from dcoco.engine.sampling import SamplingParams
 from dcoco.model.layers import TransformerConfig
 from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode
+from dcoco.shared.sampling import SamplingParams
 from dcoco.spec.corrector import CorrectorConfig
 from dcoco.spec.drafter import DFlashDrafter, DrafterConfig
 

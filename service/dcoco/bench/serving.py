@@ -21,13 +21,13 @@ from pathlib import Path
 
 import aiohttp
 
-from dcoco.engine.sampling import SamplingParams
 from dcoco.paths import DEFAULT_DCOCO, DEFAULT_TARGET
 from dcoco.serve import dcoco, free_port, start_redis, stop, wait_ready
 from dcoco.settings import WorkerSettings
+from dcoco.shared.protocol import EngineClient, EngineRequest
+from dcoco.shared.sampling import SamplingParams
 from dcoco.tokenizer import Tokenizer
-from dcoco.worker.engine_client import EngineClient, EngineRequest
-from dcoco.worker.main import build_engine_client
+from dcoco.worker.engines import build_engine_client
 
 PROMPT = "def fibonacci(n):"
 MODEL = "bench"

@@ -3,8 +3,9 @@
 import argparse
 from pathlib import Path
 
-from dcoco.cli import UsageError, positive_int
+from dcoco.commands.args import positive_int
 from dcoco.paths import DEFAULT_MODELS, REPO_ROOT
+from dcoco.shared.errors import UsageError
 
 SUITES = ("code", "math", "prose", "humaneval", "gsm8k", "mtbench")
 VARIANTS = (

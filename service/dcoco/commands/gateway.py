@@ -2,7 +2,7 @@
 
 import argparse
 
-from dcoco.cli import UsageError, settings_from
+from dcoco.shared.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -14,7 +14,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> None:
     from dcoco.gateway.main import run_gateway
     from dcoco.logs import configure_logging
-    from dcoco.settings import GatewaySettings
+    from dcoco.settings import GatewaySettings, settings_from
 
     settings = settings_from(GatewaySettings, args)
     try:

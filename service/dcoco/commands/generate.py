@@ -2,7 +2,7 @@
 
 import argparse
 
-from dcoco.cli import positive_int
+from dcoco.commands.args import positive_int
 
 
 def configure(gen: argparse.ArgumentParser) -> None:
@@ -30,7 +30,13 @@ def configure(gen: argparse.ArgumentParser) -> None:
         "--num-speculative-tokens", type=positive_int, help="B; default: the drafter's"
     )
     gen.add_argument("--top-k", type=positive_int, help="K; default: the corrector's")
-    gen.add_argument("--batch-size", type=positive_int, default=16, help="concurrent sequences")
+    gen.add_argument(
+        "--batch-size",
+        dest="max_batch_size",
+        type=positive_int,
+        default=16,
+        help="concurrent sequences",
+    )
     gen.add_argument("--max-model-len", type=positive_int, help="default: the target's limit")
 
 

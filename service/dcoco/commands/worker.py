@@ -3,7 +3,8 @@
 import argparse
 import sys
 
-from dcoco.cli import UsageError, positive_int, settings_from
+from dcoco.commands.args import positive_int
+from dcoco.shared.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +27,7 @@ def run(args: argparse.Namespace) -> None:
 
     from dcoco.checkpoint import CheckpointError
     from dcoco.logs import configure_logging
-    from dcoco.settings import WorkerSettings
+    from dcoco.settings import WorkerSettings, settings_from
     from dcoco.tokenizer import TokenizerError
     from dcoco.worker.main import run_worker
 

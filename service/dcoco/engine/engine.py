@@ -10,13 +10,14 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from dcoco.engine.config import EngineConfig, Mode
 from dcoco.engine.runner import ModelRunner
-from dcoco.engine.sampling import SamplingParams
 from dcoco.engine.scheduler import Scheduler
 from dcoco.engine.sequence import Sequence
-from dcoco.engine.stats import CycleStats, SpecStats
 from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode
+from dcoco.shared.sampling import SamplingParams
+from dcoco.shared.stats import CycleStats, SpecStats
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.spec.verify import sample, target_probs, verify
 

@@ -3,8 +3,9 @@
 from pathlib import Path
 
 from dcoco.checkpoint import load_drafter, load_target
-from dcoco.engine.config import EngineConfig, Mode
 from dcoco.engine.engine import Engine
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode
 
 
 def load_engine(target: Path, drafter: Path | None, cfg: EngineConfig) -> Engine:

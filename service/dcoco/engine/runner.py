@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 import torch
 
-from dcoco.engine.config import EngineConfig, Mode
 from dcoco.engine.kv_cache import CacheView, KVCache
 from dcoco.engine.sequence import Sequence
 from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.spec.select import Candidates, Selection, select
 

@@ -4,8 +4,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dcoco.engine.sampling import SamplingParams
-from dcoco.engine.stats import SpecStats
+from dcoco.shared.sampling import SamplingParams
+from dcoco.shared.stats import SpecStats
 
 
 @dataclass

@@ -13,13 +13,13 @@ import torch
 from tqdm import tqdm
 
 from dcoco.checkpoint import CheckpointError, load_drafter, load_target
-from dcoco.cli import UsageError
 from dcoco.eval.coverage import measure_coverage
 from dcoco.eval.plots import acceptance_by_position, coverage_by_depth, speedup_by_suite
 from dcoco.eval.report import goals, markdown, run_record
 from dcoco.eval.runner import SETTINGS, VARIANTS, Measurement, Models, compare_to_vanilla, measure
 from dcoco.eval.suites import Suite, file_suite, load_suite
 from dcoco.paths import REPO_ROOT
+from dcoco.shared.errors import UsageError
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.tokenizer import Tokenizer, TokenizerError
 from dcoco.train.data import chat_prompt

@@ -9,13 +9,13 @@ generated tokens over that wall time, prefill included, the same for every varia
 import time
 from dataclasses import dataclass, field
 
-from dcoco.engine.config import EngineConfig, Mode
 from dcoco.engine.engine import Completion, Engine
-from dcoco.engine.sampling import SamplingParams
-from dcoco.engine.stats import PHASES, CycleStats, SpecStats
 from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode, Rule
+from dcoco.shared.sampling import SamplingParams
+from dcoco.shared.stats import PHASES, CycleStats, SpecStats
 from dcoco.spec.drafter import DFlashDrafter
-from dcoco.spec.select import Rule
 
 
 @dataclass(frozen=True)

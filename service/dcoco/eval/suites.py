@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dcoco.cli import UsageError
 from dcoco.generate import read_prompts
+from dcoco.shared.errors import UsageError
 
 HELDOUT = ("code", "math", "prose")
 PACKAGED: dict[str, tuple[str, str, str]] = {  # suite: (module, file inside it, pip package)

@@ -9,22 +9,25 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException
 
 from dcoco.gateway.catalog import Catalog
-from dcoco.gateway.errors import APIError, NotFound, Unavailable
+from dcoco.gateway.errors import APIError, InvalidRequest, NotFound, Unavailable
 from dcoco.gateway.guard import Guard
 from dcoco.gateway.jobs import Jobs
 from dcoco.gateway.metrics import GatewayMetrics
 from dcoco.gateway.middleware import ObserveRequests
+from dcoco.gateway.openapi import openapi_schema
 from dcoco.gateway.routes import router
 from dcoco.gateway.services import Services
 from dcoco.queue.client import GatewayQueue
 from dcoco.queue.connection import UNAVAILABLE, connect
 from dcoco.settings import GatewaySettings
+from dcoco.shared.supervisor import LoopFailed, Supervisor
 
 log = logging.getLogger(__name__)
 GAUGE_REFRESH_S = 2.0
@@ -43,13 +46,17 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         guard=Guard(api_keys, redis, settings),
         jobs=Jobs(queue, settings, metrics),
         metrics=metrics,
+        cpu=anyio.CapacityLimiter(settings.tokenizer_threads),
     )
+    supervisor = Supervisor(on_restart=lambda loop: metrics.loop_restarts.labels(loop).inc())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        refresher = asyncio.create_task(_refresh_gauges(services))
+        refresher = asyncio.create_task(_keep_refreshing(supervisor, services))
         yield
         refresher.cancel()
+        await asyncio.gather(refresher, return_exceptions=True)
+        await services.jobs.close()
         await redis.aclose()
         await blocking.aclose()
 
@@ -60,7 +67,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     for unavailable in UNAVAILABLE:
         app.add_exception_handler(unavailable, _unavailable)
+    app.add_exception_handler(Exception, _internal_error)
     app.add_middleware(ObserveRequests, metrics=metrics, log_prompts=settings.log_prompts)
+    app.openapi = lambda: openapi_schema(app)  # type: ignore[method-assign]
     return app
 
 
@@ -72,13 +81,27 @@ async def _api_error(request: Request, error: APIError) -> Response:
 async def _http_error(request: Request, error: HTTPException) -> Response:
     if error.status_code == 404:
         return await _api_error(request, NotFound(f"no route {request.method} {request.url.path}"))
-    body = APIError(str(error.detail), code=f"http_{error.status_code}").body()
+    kind = APIError if error.status_code >= 500 else InvalidRequest
+    body = kind(str(error.detail), code=f"http_{error.status_code}").body()
     return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+
+
+async def _internal_error(request: Request, error: Exception) -> Response:
+    """Anything unexpected: logged with its traceback, answered in OpenAI's envelope."""
+    log.error("unexpected error", exc_info=error)
+    return await _api_error(request, APIError("internal error", code="internal_error"))
 
 
 async def _unavailable(request: Request, error: Exception) -> Response:
     log.warning("Redis unavailable: %s", error)
     return await _api_error(request, Unavailable("the request queue is unavailable; retry shortly"))
+
+
+async def _keep_refreshing(supervisor: Supervisor, services: Services) -> None:
+    try:
+        await supervisor.keep("gauges", lambda: _refresh_gauges(services))
+    except LoopFailed:
+        services.broken = True  # /healthz answers 503: the orchestrator restarts the gateway
 
 
 async def _refresh_gauges(services: Services) -> None:
@@ -91,5 +114,5 @@ async def _refresh_gauges(services: Services) -> None:
                 services.metrics.queue_depth.labels(card.name).set(depth)
                 services.metrics.workers.labels(card.name).set(alive)
         except UNAVAILABLE:
-            pass
+            pass  # refreshed again in GAUGE_REFRESH_S
         await asyncio.sleep(GAUGE_REFRESH_S)

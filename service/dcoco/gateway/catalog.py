@@ -2,6 +2,11 @@
 
 The gateway holds no model files. It tokenizes with the tokenizer a worker published, so it can
 count prompt tokens and refuse an oversized prompt before any work is queued.
+
+Cards stay in Redis when no worker runs, so a model scaled to zero still takes requests, which
+wait in its queue. A card the gateway saw recently but Redis no longer has (Redis restarted
+empty, and no worker has re-registered yet) makes the model temporarily unavailable (503 with
+Retry-After), not unknown.
 """
 
 import asyncio
@@ -10,10 +15,12 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer as HFTokenizer
 
-from dcoco.gateway.errors import ModelNotFound, Unavailable
+from dcoco.gateway.errors import ModelNotFound, ModelUnavailable, Unavailable
 from dcoco.queue.client import GatewayQueue
 from dcoco.queue.protocol import ModelCard
 from dcoco.tokenizer import Tokenizer
+
+RECENT_S = 600.0  # a model whose card vanished this recently is unavailable, not unknown
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,7 @@ class Catalog:
     def __init__(self, queue: GatewayQueue, refresh_s: float = 2.0) -> None:
         self.queue, self.refresh_s = queue, refresh_s
         self.cards: dict[str, ModelCard] = {}
+        self.seen: dict[str, float] = {}  # model -> last time its card was in Redis (monotonic)
         self.tokenizers: dict[str, Tokenizer] = {}  # by tokenizer sha
         self.fetched = float("-inf")
         self.lock = asyncio.Lock()
@@ -38,6 +46,8 @@ class Catalog:
         await self._refresh()
         card = self.cards.get(name)
         if card is None:
+            if time.monotonic() - self.seen.get(name, float("-inf")) < RECENT_S:
+                raise ModelUnavailable(f"the model '{name}' is temporarily unavailable")
             raise ModelNotFound(f"the model '{name}' does not exist", param="model")
         tokenizer = self.tokenizers.get(card.tokenizer_sha)
         if tokenizer is None:
@@ -55,3 +65,4 @@ class Catalog:
             if time.monotonic() - self.fetched >= self.refresh_s:
                 self.cards = await self.queue.cards()
                 self.fetched = time.monotonic()
+                self.seen |= dict.fromkeys(self.cards, self.fetched)

@@ -73,6 +73,15 @@ class Unavailable(APIError):
     status, type, code = 503, "service_unavailable_error", "queue_unavailable"
 
 
+class ModelUnavailable(Unavailable):
+    """A known model that cannot take requests right now; retry shortly."""
+
+    code = "model_unavailable"
+
+    def __init__(self, message: str, retry_after_s: int = 2) -> None:
+        super().__init__(message, param="model", headers={"Retry-After": str(retry_after_s)})
+
+
 class Timeout(APIError):
     status, type, code = 504, "timeout_error", "queue_timeout"
 

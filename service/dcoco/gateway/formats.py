@@ -109,3 +109,4 @@ def sse(body: dict[str, Any]) -> bytes:
 
 
 DONE = b"data: [DONE]\n\n"
+PING = b": ping\n\n"  # an SSE comment: clients ignore it, proxies see a live connection

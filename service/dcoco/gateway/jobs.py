@@ -2,8 +2,13 @@
 
 A request with several prompts or n > 1 becomes one queue request per choice, enqueued together
 (all or none, against the depth limit). Their events are merged into one queue in arrival order.
-Nothing is sent to the client until every choice has been taken up by a worker, so a full queue,
-an expired deadline or a refused prompt still gets a proper HTTP status.
+A response waits until every choice has been taken up by a worker before it sends anything, so
+a full queue, an expired deadline or a refused prompt still gets a proper HTTP status. A stream
+that waits longer than the keep-alive interval starts anyway with SSE comments, and an error
+from then on arrives as an error event.
+
+Every wait is bounded: each choice's reader gives up on its own (queue deadline, then stall
+timeout), and the merged wait gives up too if the readers fall silent for longer than that.
 """
 
 import asyncio
@@ -15,7 +20,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from dcoco.gateway.errors import APIError, RateLimited, Timeout, Unavailable, from_worker
-from dcoco.gateway.formats import DONE, Choice, Format, sse
+from dcoco.gateway.formats import DONE, PING, Choice, Format, sse
 from dcoco.gateway.metrics import GatewayMetrics
 from dcoco.queue.client import GatewayQueue, QueueTimeout
 from dcoco.queue.connection import UNAVAILABLE
@@ -24,6 +29,7 @@ from dcoco.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 START_GRACE_S = 2.0  # a worker that picks a request up at its deadline still gets to say so
+GUARD_S = 5.0  # how much longer than its readers the merged wait waits before giving up
 
 Item = tuple[int, Event | APIError]
 
@@ -35,9 +41,15 @@ class Job:
     model: str
     started_at: float  # monotonic, at HTTP request arrival
     events: asyncio.Queue[Item] = field(default_factory=asyncio.Queue)
-    backlog: list[Item] = field(default_factory=list)
+    backlog: list[Item] = field(default_factory=list)  # events read while waiting for starts
     readers: list[asyncio.Task[None]] = field(default_factory=list)
-    finished: bool = False
+    unstarted: set[int] = field(default_factory=set)  # choices no worker has taken up yet
+    unfinished: set[int] = field(default_factory=set)  # choices without a done or error
+    heard_at: float = field(default_factory=time.monotonic)  # last event of any choice
+
+    @property
+    def finished(self) -> bool:
+        return not self.unfinished
 
 
 class Jobs:
@@ -45,6 +57,7 @@ class Jobs:
         self, queue: GatewayQueue, settings: GatewaySettings, metrics: GatewayMetrics
     ) -> None:
         self.queue, self.settings, self.metrics = queue, settings, metrics
+        self.first_timeout_s = settings.queue_timeout_s + START_GRACE_S
         self.background: set[asyncio.Task[None]] = set()
 
     async def submit(
@@ -76,22 +89,21 @@ class Jobs:
                 f"the queue for '{model}' is full", self.settings.retry_after_s, "queue_full"
             )
         job = Job([e.id for e in envelopes], sum(len(p) for p in prompts) * n, model, started_at)
-        first = self.settings.queue_timeout_s + START_GRACE_S
+        job.unstarted = set(range(len(job.ids)))
+        job.unfinished = set(range(len(job.ids)))
         job.readers = [
-            asyncio.create_task(self._follow(job, i, rid, first)) for i, rid in enumerate(job.ids)
+            asyncio.create_task(self._follow(job, i, rid)) for i, rid in enumerate(job.ids)
         ]
         return job
 
-    async def _follow(self, job: Job, index: int, request_id: str, first_timeout_s: float) -> None:
+    async def _follow(self, job: Job, index: int, request_id: str) -> None:
         try:
             async for event in self.queue.events(
-                request_id, first_timeout_s, self.settings.stall_timeout_s
+                request_id, self.first_timeout_s, self.settings.stall_timeout_s
             ):
                 job.events.put_nowait((index, event))
-        except QueueTimeout:
-            job.events.put_nowait(
-                (index, Timeout("no worker took the request up before its queue deadline"))
-            )
+        except QueueTimeout as timeout:
+            job.events.put_nowait((index, _timeout(timeout.started, self.settings)))
         except UNAVAILABLE:
             job.events.put_nowait((index, Unavailable("the queue is unavailable")))
         except (ValidationError, KeyError):
@@ -100,35 +112,60 @@ class Jobs:
                 (index, APIError("a worker sent a malformed event", code="bad_event"))
             )
 
-    async def wait_started(self, job: Job) -> None:
-        """Returns once every choice has started; raises the first error instead."""
-        pending = set(range(len(job.ids)))
-        while pending:
-            item = await job.events.get()
+    async def _next(self, job: Job, ping_s: float | None = None) -> Item | None:
+        """The next event of any choice; None after `ping_s` of silence. Raises Timeout once
+        the readers, which time out on their own, have been silent well past their limits."""
+        limit = self.first_timeout_s if job.unstarted else self.settings.stall_timeout_s
+        while True:
+            left = job.heard_at + limit + GUARD_S - time.monotonic()
+            if left <= 0:
+                raise _timeout(not job.unstarted, self.settings)
+            try:
+                item = await asyncio.wait_for(job.events.get(), min(left, ping_s or left))
+            except TimeoutError:
+                if ping_s is not None:
+                    return None
+                continue
+            job.heard_at = time.monotonic()
+            return item
+
+    async def wait_started(self, job: Job, within_s: float | None = None) -> bool:
+        """True once every choice has started; False if `within_s` passed first (the wait can
+        be resumed). Raises the first error instead."""
+        deadline = None if within_s is None else time.monotonic() + within_s
+        while job.unstarted:
+            ping_s = None if deadline is None else deadline - time.monotonic()
+            if ping_s is not None and ping_s <= 0:
+                return False
+            item = await self._next(job, ping_s)
+            if item is None:
+                return False
             index, event = item
             if isinstance(event, APIError):
                 raise event
             if event.kind == "error":
                 raise _worker_error(event)
-            pending.discard(index)
+            job.unstarted.discard(index)
             if event.kind != "start":
                 job.backlog.append(item)
+        return True
 
-    async def _items(self, job: Job) -> AsyncIterator[Item]:
-        for item in job.backlog:
+    async def _items(self, job: Job, ping_s: float | None = None) -> AsyncIterator[Item | None]:
+        """Every choice's events after its start, in arrival order, until each has ended;
+        None after each `ping_s` of silence."""
+        while job.unfinished:
+            item = job.backlog.pop(0) if job.backlog else await self._next(job, ping_s)
+            if item is not None:
+                index, event = item
+                if isinstance(event, APIError) or event.kind in ("done", "error"):
+                    job.unfinished.discard(index)
             yield item
-        job.backlog = []
-        open_choices = len(job.ids)
-        while open_choices:
-            item = await job.events.get()
-            if isinstance(item[1], APIError) or item[1].kind in ("done", "error"):
-                open_choices -= 1
-            yield item
-        job.finished = True
 
     async def collect(self, job: Job) -> list[Choice]:
         choices = [Choice(i) for i in range(len(job.ids))]
-        async for index, event in self._items(job):
+        async for item in self._items(job):
+            assert item is not None  # no ping interval, so never a silence marker
+            index, event = item
             if isinstance(event, APIError):
                 raise event
             if event.kind == "error":
@@ -141,31 +178,47 @@ class Jobs:
         return choices
 
     async def stream(self, job: Job, fmt: Format) -> AsyncIterator[bytes]:
-        """SSE: the role for each choice, content deltas, each finish, usage, [DONE]."""
+        """SSE: keep-alives until every choice started, the role for each choice, content
+        deltas, each finish, usage, [DONE]."""
+        keepalive = self.settings.sse_keepalive_s
+        try:
+            while not await self.wait_started(job, keepalive):
+                yield PING
+        except APIError as refused:
+            yield sse(refused.body())
+            yield DONE
+            return
         choices = [Choice(i) for i in range(len(job.ids))]
         last_sent: float | None = None
         if fmt.chat:
             for choice in choices:
                 yield fmt.chunk(choice.index, None, role=True)
-        async for index, event in self._items(job):
-            if isinstance(event, APIError) or event.kind == "error":
-                error = event if isinstance(event, APIError) else _worker_error(event)
-                yield sse(error.body())
-                break
-            if event.text:
-                now = time.monotonic()
-                if last_sent is None:
-                    self.metrics.ttft.labels(job.model).observe(now - job.started_at)
-                else:
-                    self.metrics.itl.labels(job.model).observe(now - last_sent)
-                last_sent = now
-                yield fmt.chunk(index, event.text)
-            if event.kind == "done":
-                choices[index].finish_reason, choices[index].usage = (
-                    event.finish_reason,
-                    event.usage,
-                )
-                yield fmt.chunk(index, None if fmt.chat else "", finish_reason=event.finish_reason)
+        try:
+            async for item in self._items(job, keepalive):
+                if item is None:
+                    yield PING
+                    continue
+                index, event = item
+                if isinstance(event, APIError) or event.kind == "error":
+                    failed = event if isinstance(event, APIError) else _worker_error(event)
+                    yield sse(failed.body())
+                    break
+                if event.text:
+                    now = time.monotonic()
+                    if last_sent is None:
+                        self.metrics.ttft.labels(job.model).observe(now - job.started_at)
+                    else:
+                        self.metrics.itl.labels(job.model).observe(now - last_sent)
+                    last_sent = now
+                    yield fmt.chunk(index, event.text)
+                if event.kind == "done":
+                    choices[index].finish_reason = event.finish_reason
+                    choices[index].usage = event.usage
+                    yield fmt.chunk(
+                        index, None if fmt.chat else "", finish_reason=event.finish_reason
+                    )
+        except Timeout as stalled:
+            yield sse(stalled.body())
         if fmt.include_usage_chunk and job.finished:
             yield fmt.usage_chunk(choices, job.prompt_tokens)
         yield DONE
@@ -179,11 +232,23 @@ class Jobs:
         self.background.add(task)
         task.add_done_callback(self.background.discard)
 
+    async def close(self) -> None:
+        """Waits for the cancellations still being sent."""
+        await asyncio.gather(*self.background, return_exceptions=True)
+
     async def _cancel(self, ids: list[str]) -> None:
         try:
             await self.queue.cancel(ids)
         except UNAVAILABLE:
             log.warning("could not cancel %d requests: Redis unavailable", len(ids))
+
+
+def _timeout(started: bool, settings: GatewaySettings) -> Timeout:
+    if not started:
+        return Timeout("no worker took the request up before its queue deadline")
+    return Timeout(
+        f"the worker sent nothing for {settings.stall_timeout_s:g} s", code="stall_timeout"
+    )
 
 
 def _worker_error(event: Event) -> APIError:

@@ -49,3 +49,9 @@ class GatewayMetrics:
             "dcoco_queue_depth", "Requests waiting, not picked up", ["model"], registry=registry
         )
         self.workers = Gauge("dcoco_workers", "Live workers", ["model"], registry=registry)
+        self.loop_restarts = Counter(
+            "dcoco_gateway_loop_restarts",
+            "Crashes of a gateway background loop, each followed by a restart",
+            ["loop"],
+            registry=registry,
+        )

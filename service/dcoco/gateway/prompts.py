@@ -1,5 +1,6 @@
 """From an OpenAI request to prompt token ids and a generation budget, checked against the
-model's context before anything is queued."""
+model's context before anything is queued. Tokenizing a large prompt takes seconds: callers run
+these functions on a worker thread, never on the event loop."""
 
 from dcoco.gateway.catalog import ServedModel
 from dcoco.gateway.errors import InvalidRequest
@@ -16,15 +17,15 @@ def chat_prompt(request: ChatRequest, model: ServedModel) -> list[list[int]]:
         text = model.tokenizer.render_chat(messages)
     except TokenizerError as problem:
         raise InvalidRequest(str(problem), param="messages") from None
-    return [model.tokenizer.encode(text)]
+    return model.tokenizer.encode_many([text])
 
 
 def completion_prompts(request: CompletionRequest, model: ServedModel) -> list[list[int]]:
     prompt = request.prompt
     if isinstance(prompt, str):
-        prompts = [model.tokenizer.encode(prompt)]
+        prompts = model.tokenizer.encode_many([prompt])
     elif all(isinstance(p, str) for p in prompt):
-        prompts = [model.tokenizer.encode(str(p)) for p in prompt]
+        prompts = model.tokenizer.encode_many([str(p) for p in prompt])
     elif all(isinstance(p, int) for p in prompt):
         prompts = [[int(t) for t in prompt if isinstance(t, int)]]
     else:

@@ -2,7 +2,6 @@
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -14,7 +13,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import Receive, Scope, Send
 
-from dcoco.gateway.errors import Cancelled, InvalidRequest, PayloadTooLarge, Unavailable
+from dcoco.gateway.errors import (
+    APIError,
+    Cancelled,
+    InvalidRequest,
+    PayloadTooLarge,
+    Unavailable,
+)
 from dcoco.gateway.formats import Format
 from dcoco.gateway.prompts import budget, chat_prompt, completion_prompts
 from dcoco.gateway.schemas import ChatRequest, CompletionRequest, parse
@@ -55,13 +60,16 @@ async def models(request: Request) -> dict[str, Any]:
 
 
 @router.get("/healthz")
-async def healthz() -> dict[str, str]:
+async def healthz(request: Request) -> dict[str, str]:
+    if services_of(request).broken:
+        raise APIError("a background loop kept crashing", code="broken")
     return {"status": "ok"}
 
 
 @router.get("/readyz")
 async def readyz(request: Request) -> Response:
-    """Ready when Redis answers and at least one model has a live worker."""
+    """Ready when Redis answers and (unless DCOCO_READYZ_REQUIRES_WORKERS is off) at least one
+    model has a live worker."""
     services = services_of(request)
     try:
         await services.queue.ping()
@@ -72,7 +80,7 @@ async def readyz(request: Request) -> Response:
         }
     except UNAVAILABLE:
         raise Unavailable("Redis is unreachable") from None
-    if not any(alive.values()):
+    if services.settings.readyz_requires_workers and not any(alive.values()):
         raise Unavailable("no live worker for any model", code="no_workers")
     return JSONResponse({"status": "ready", "workers": alive})
 
@@ -106,18 +114,19 @@ async def _admitted(
     request: Request, chat: bool, started: float, release: Callable[[], Awaitable[None]]
 ) -> Response:
     services = services_of(request)
-    raw = await _read_json(request, services.settings.max_body_bytes)
-    body: ChatRequest | CompletionRequest = (
-        parse(ChatRequest, raw) if chat else parse(CompletionRequest, raw)
-    )
+    raw = await _read_body(request, services.settings.max_body_bytes)
+    body: ChatRequest | CompletionRequest
+    if chat:
+        body = await services.offload(parse, ChatRequest, raw)
+    else:
+        body = await services.offload(parse, CompletionRequest, raw)
     if body.n > services.settings.max_n:
         raise InvalidRequest(f"n must be at most {services.settings.max_n}", param="n")
     model = await services.catalog.get(body.model)
-    prompts = (
-        chat_prompt(body, model)
-        if isinstance(body, ChatRequest)
-        else completion_prompts(body, model)
-    )
+    if isinstance(body, ChatRequest):
+        prompts = await services.offload(chat_prompt, body, model)
+    else:
+        prompts = await services.offload(completion_prompts, body, model)
     params = GenerationParams(
         max_tokens=budget(prompts, body.budget(), model.card.max_model_len),
         temperature=body.temperature,
@@ -130,8 +139,10 @@ async def _admitted(
     fmt = Format(chat, request_id, int(time.time()), body.model, body.wants_usage_chunk())
     job = await services.jobs.submit(request_id, body.model, prompts, params, body.n, started)
     try:
-        await _unless_disconnected(request, services.jobs.wait_started(job))
         if body.stream:
+            # Errors before the first keep-alive keep their HTTP status; later ones are events.
+            keepalive = services.settings.sse_keepalive_s
+            await _unless_disconnected(request, services.jobs.wait_started(job, keepalive))
 
             async def cleanup() -> None:
                 if not job.finished:
@@ -139,6 +150,7 @@ async def _admitted(
                 await release()
 
             return EventStream(services.jobs.stream(job, fmt), cleanup)
+        await _unless_disconnected(request, services.jobs.wait_started(job))
         choices = await _unless_disconnected(request, services.jobs.collect(job))
         return JSONResponse(fmt.response(choices, job.prompt_tokens))
     except BaseException:
@@ -188,7 +200,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _read_json(request: Request, limit: int) -> object:
+async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"the request body exceeds {limit} bytes")
@@ -197,7 +209,4 @@ async def _read_json(request: Request, limit: int) -> object:
         body.extend(chunk)
         if len(body) > limit:
             raise PayloadTooLarge(f"the request body exceeds {limit} bytes")
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as bad:
-        raise InvalidRequest(f"the request body is not valid JSON: {bad}") from None
+    return bytes(body)

@@ -1,8 +1,13 @@
 """OpenAI request bodies, validated strictly: anything this server cannot honour is a 400 that
-names the parameter, never silently ignored."""
+names the parameter, never silently ignored.
+
+Types are strict, as in OpenAI's API: "4" is not an integer and 0 is not a boolean. These models
+are also the OpenAPI schema of the routes, so clients and fuzzers see what the routes accept.
+"""
 
 from typing import Annotated, Any, Literal, TypeVar
 
+import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dcoco.gateway.errors import InvalidRequest, Unsupported
@@ -40,7 +45,7 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class TextPart(Strict):
@@ -122,7 +127,12 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
 
 class CompletionRequest(Sampling):
-    prompt: str | list[str] | TokenIds | list[TokenIds]
+    prompt: (
+        str
+        | Annotated[list[str], Field(min_length=1)]
+        | TokenIds
+        | Annotated[list[TokenIds], Field(min_length=1)]
+    )
 
     def budget(self) -> int | None:
         return self.max_tokens
@@ -131,8 +141,17 @@ class CompletionRequest(Sampling):
 S = TypeVar("S", bound=Sampling)
 
 
-def parse(model: type[S], raw: object) -> S:
-    """Validates a decoded JSON body; every problem is an InvalidRequest naming the field."""
+def parse(model: type[S], body_bytes: bytes) -> S:
+    """Decodes and validates a JSON body; every problem is an InvalidRequest naming the field.
+
+    The decoder refuses what would break later stages: invalid UTF-8, lone surrogates
+    ("\\ud800", which no tokenizer or Redis client can encode) and nesting deeper than it
+    recurses.
+    """
+    try:
+        raw = pydantic_core.from_json(body_bytes)
+    except ValueError as bad:
+        raise InvalidRequest(f"the request body is not valid JSON: {bad}") from None
     if not isinstance(raw, dict):
         raise InvalidRequest("the request body must be a JSON object")
     body = dict(raw)

@@ -11,7 +11,12 @@ from dcoco.queue.protocol import Envelope, Event, ModelCard
 
 
 class QueueTimeout(Exception):
-    """No event arrived in time: the request was never picked up, or its worker stalled."""
+    """No event arrived in time: the request was never picked up (started False), or its
+    worker stalled after taking it up (started True)."""
+
+    def __init__(self, request_id: str, started: bool) -> None:
+        super().__init__(request_id)
+        self.started = started
 
 
 class GatewayQueue:
@@ -41,10 +46,11 @@ class GatewayQueue:
         """
         stream, last_id, last_seq = keys.response(request_id), "0-0", -1
         deadline = time.monotonic() + first_timeout_s
+        started = False
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise QueueTimeout(request_id)
+                raise QueueTimeout(request_id, started)
             block_ms = max(1, int(min(remaining, self.BLOCK_S) * 1000))
             reply = await self.blocking.xread({stream: last_id}, count=256, block=block_ms)
             for entry_id, fields in stream_entries(reply):
@@ -53,6 +59,7 @@ class GatewayQueue:
                 if event.kind != "start" and event.seq <= last_seq:
                     continue
                 last_seq = max(last_seq, event.seq)
+                started = True
                 deadline = time.monotonic() + stall_timeout_s
                 yield event
                 if event.kind in ("done", "error"):

@@ -4,11 +4,16 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.backoff import EqualJitterBackoff, NoBackoff
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 
-# Errors meaning "Redis is not reachable right now", as opposed to a bad command.
-UNAVAILABLE = (ConnectionError, TimeoutError, BusyLoadingError, OSError)
+# Errors meaning "Redis is not reachable right now", as opposed to a bad command. redis-py wraps
+# socket errors in these, so an OSError from anywhere else is a different problem.
+UNAVAILABLE = (ConnectionError, TimeoutError, BusyLoadingError)
+
+# Delays between a loop's attempts while Redis stays unreachable: 0.05 s doubling to 2 s, half of
+# each drawn at random so that workers do not retry in step.
+BACKOFF = EqualJitterBackoff(cap=2.0, base=0.05)
 
 
 def connect(url: str, timeout_s: float = 1.0, max_connections: int | None = None) -> Redis:

@@ -54,10 +54,11 @@ class WorkerQueue:
         self._append = redis.register_script(scripts.APPEND)
 
     async def register(self, card: ModelCard, tokenizer_json: str) -> None:
-        """Publishes the model card and creates the consumer group if it does not exist."""
+        """Publishes the model card (kept when the worker stops, so the model stays known at
+        zero workers) and creates the consumer group if it does not exist."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(keys.tokenizer(card.tokenizer_sha), tokenizer_json, ex=keys.MODEL_CARD_TTL_S)
-            pipe.set(keys.model_card(card.name), card.model_dump_json(), ex=keys.MODEL_CARD_TTL_S)
+            pipe.set(keys.tokenizer(card.tokenizer_sha), tokenizer_json)
+            pipe.set(keys.model_card(card.name), card.model_dump_json())
             pipe.sadd(keys.MODELS, card.name)
             pipe.xgroup_create(self.stream, keys.GROUP, id="0", mkstream=True)
             await pipe.execute(raise_on_error=False)  # BUSYGROUP: the group already exists
@@ -71,8 +72,8 @@ class WorkerQueue:
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zadd(keys.workers(self.model), {self.worker_id: now * 1000})
             pipe.set(keys.worker(self.worker_id), json.dumps(info), ex=max(1, int(self.lease_s)))
-            pipe.expire(keys.model_card(card.name), keys.MODEL_CARD_TTL_S)
-            pipe.expire(keys.tokenizer(card.tokenizer_sha), keys.MODEL_CARD_TTL_S)
+            pipe.exists(keys.model_card(card.name))
+            pipe.exists(keys.tokenizer(card.tokenizer_sha))
             pipe.exists(self.stream)
             if entry_ids:
                 pipe.xclaim(

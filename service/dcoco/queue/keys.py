@@ -1,9 +1,13 @@
 """Every Redis key, group name and lifetime the queue uses, in one place.
 
+Model cards and tokenizers outlive their workers, so that a model scaled to zero stays known and
+its requests wait in the stream. To retire a model: DEL dcoco:model:{model}, SREM dcoco:models
+{model}.
+
 dcoco:{model}:requests        stream   request envelopes, consumed by GROUP
 dcoco:{model}:workers         zset     worker id -> last heartbeat (unix ms)
-dcoco:model:{model}           string   the model card (JSON), refreshed by workers
-dcoco:tokenizer:{sha}         string   tokenizer.json of a model card, by content hash
+dcoco:model:{model}           string   the model card (JSON), written by workers; no TTL
+dcoco:tokenizer:{sha}         string   tokenizer.json of a model card, by content hash; no TTL
 dcoco:worker:{id}             string   a worker's info (JSON), expires with its lease
 dcoco:resp:{request}          stream   response events of one request
 dcoco:owner:{request}         string   "{worker} {attempt}": who may write the events
@@ -17,7 +21,6 @@ GROUP = "workers"
 RESPONSE_TTL_S = 600  # a response stream outlives its request by this much, for late readers
 CANCEL_TTL_S = 600
 OWNER_TTL_S = 3600  # longer than any generation; refreshed on every attempt
-MODEL_CARD_TTL_S = 3600  # refreshed by every worker heartbeat
 CONCURRENCY_LEASE_S = 3600  # an in-flight entry older than this is a leaked slot
 
 

@@ -8,16 +8,11 @@
 """
 
 from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 import torch
 
-
-class Rule(StrEnum):
-    PREFIX = "prefix"
-    GLOBAL = "global"
-    DISCOUNTED = "discounted"
+from dcoco.shared.options import Rule
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ import argparse
 from dataclasses import replace
 
 from dcoco.checkpoint import CheckpointError
-from dcoco.cli import UsageError
+from dcoco.shared.errors import UsageError
 from dcoco.tokenizer import TokenizerError
 from dcoco.train.config import PRESETS, PipelineConfig
 from dcoco.train.pipeline import run_pipeline

@@ -11,10 +11,11 @@ import time
 import torch
 from tqdm import tqdm
 
-from dcoco.engine.config import EngineConfig, Mode
 from dcoco.engine.engine import Engine
-from dcoco.engine.sampling import SamplingParams
 from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode
+from dcoco.shared.sampling import SamplingParams
 from dcoco.tokenizer import END_OF_TEXT, Tokenizer
 from dcoco.train.config import DistillConfig
 from dcoco.train.corpus import Record

@@ -19,7 +19,7 @@ Useful PromQL (all series carry `model`):
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from dcoco.engine.stats import CycleStats
+from dcoco.shared.stats import CycleStats
 
 SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 WAIT_SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -90,6 +90,12 @@ class WorkerMetrics:
             "Client disconnect (as the gateway saw it) to engine abort",
             m,
             buckets=SECONDS,
+            registry=registry,
+        )
+        self.loop_restarts = Counter(
+            "dcoco_worker_loop_restarts",
+            "Crashes of a worker loop, each followed by a restart",
+            ["model", "loop"],
             registry=registry,
         )
         self.requests = Counter(

@@ -5,7 +5,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from dcoco.queue.connection import UNAVAILABLE
+from dcoco.queue.connection import BACKOFF, UNAVAILABLE
 from dcoco.queue.consumer import Ownership, WorkerQueue
 from dcoco.queue.protocol import Event
 
@@ -45,18 +45,25 @@ class Outbox:
 
     async def flush_now(self) -> None:
         started = time.monotonic()
+        failures = 0
         while self.items:
             batch, self.items = self.items, []
             try:
                 results = await self.queue.append(batch)
-            except UNAVAILABLE:
+            except UNAVAILABLE as problem:
                 self.items = batch + self.items
                 if time.monotonic() - started > OUTAGE_GRACE_S:
                     log.error("Redis unavailable: dropping %d events", len(self.items))
                     self.items = []
                     self.on_outage()
                     return
-                await asyncio.sleep(0.2)
+                failures += 1
+                delay = BACKOFF.compute(failures)
+                log.warning(
+                    "event write failed; retrying",
+                    extra={"problem": str(problem), "failures": failures, "delay_s": delay},
+                )
+                await asyncio.sleep(delay)
                 continue
             for (owned, _, _), owned_still in zip(batch, results, strict=True):
                 if not owned_still:

@@ -8,16 +8,15 @@ A reclaimed request continues where its previous attempt stopped:
   already sent, and continues; if it does not, it ends with an error event.
 """
 
-import asyncio
 import time
 from contextlib import aclosing
 
-from dcoco.engine.sampling import SamplingParams
 from dcoco.queue.consumer import Delivery, Ownership, WorkerQueue
 from dcoco.queue.protocol import Envelope, ErrorInfo, Event, Usage
+from dcoco.shared.protocol import EngineClient, EngineDelta, EngineRequest
+from dcoco.shared.sampling import SamplingParams
 from dcoco.tokenizer import Tokenizer
 from dcoco.worker.detokenizer import Detokenizer
-from dcoco.worker.engine_client import EngineClient, EngineDelta, EngineRequest
 from dcoco.worker.metrics import WorkerMetrics
 from dcoco.worker.outbox import Outbox
 
@@ -38,10 +37,16 @@ class RequestRun:
         self.cancelled = False
         self.owned: Ownership | None = None
 
-    def cancel(self) -> None:
+    async def cancel(self) -> None:
         """The client went away: abort the engine request; execute() then returns "abort"."""
         self.cancelled = True
-        asyncio.get_running_loop().create_task(self.engine.abort(self.envelope.id))
+        await self.engine.abort(self.envelope.id)
+
+    def fail_internal(self) -> None:
+        """Answers the client with an error after an unexpected failure, if the request was
+        taken up; otherwise the entry is left to be reclaimed."""
+        if self.owned is not None and not self.owned.finished:
+            self._fail(500, "internal_error", "the worker failed while running the request")
 
     async def execute(self) -> str:
         """Runs the request and returns its outcome (a finish reason, or why it did not run)."""

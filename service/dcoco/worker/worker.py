@@ -6,25 +6,29 @@ Loops, all on one asyncio loop (the engine steps on its own thread):
 - heartbeat: stay registered and keep the leases of in-flight entries fresh;
 - cancels: abort requests whose clients went away;
 - flush: write every request's events, batched into one round trip per wake-up.
+Each loop runs under a Supervisor: a crash is logged and the loop restarted; a loop that keeps
+crashing makes the worker give up (hand its requests back, deregister, exit non-zero).
 SIGTERM stops fetching, lets in-flight requests finish for `drain_timeout_s`, then hands the
 rest back to the stream for another worker.
 """
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 from redis.exceptions import ResponseError
 
-from dcoco.queue.connection import UNAVAILABLE
+from dcoco.queue.connection import BACKOFF, UNAVAILABLE
 from dcoco.queue.consumer import Delivery, WorkerQueue
 from dcoco.queue.protocol import ModelCard
 from dcoco.settings import WorkerSettings
+from dcoco.shared.protocol import EngineClient
+from dcoco.shared.supervisor import LoopFailed, Supervisor
 from dcoco.tokenizer import Tokenizer
-from dcoco.worker.engine_client import EngineClient
+from dcoco.worker.http import Health
 from dcoco.worker.metrics import WorkerMetrics
 from dcoco.worker.outbox import Outbox
 from dcoco.worker.request import RequestRun
@@ -51,10 +55,14 @@ class Worker:
         metrics: WorkerMetrics,
         card: ModelCard,
         tokenizer_json: str,
+        health: Health,
     ) -> None:
         self.settings, self.engine, self.tokenizer = settings, engine, tokenizer
         self.queue, self.metrics, self.card = queue, metrics, card
-        self.tokenizer_json = tokenizer_json
+        self.tokenizer_json, self.health = tokenizer_json, health
+        self.supervisor = Supervisor(
+            on_restart=lambda loop: metrics.loop_restarts.labels(card.name, loop).inc()
+        )
         self.inflight: dict[str, InFlight] = {}
         self.accepting = True
         self.stop = asyncio.Event()
@@ -70,34 +78,46 @@ class Worker:
         }
 
     async def run(self, stop: asyncio.Event) -> None:
+        """Serves until `stop` is set, then drains. Raises LoopFailed if a loop kept crashing:
+        the worker has then stopped heartbeating and handed its requests back."""
         self.stop = stop
         await self.queue.register(self.card, self.tokenizer_json)
         await self.queue.heartbeat([], self.card, self.tokenizer_json, self.info)
+        self.health.state = "ready"
         log.info("worker ready", extra={"model": self.card.name, "worker": self.queue.worker_id})
-        loops = [
-            self._fetch(),
-            self._reclaim(),
-            self._heartbeat(),
-            self._watch_cancels(),
-            self.outbox.run(),
-        ]
-        tasks = [asyncio.create_task(loop) for loop in loops]
-        await stop.wait()
-        self.accepting = False
-        await self._drain()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        loops = {
+            "fetch": self._fetch,
+            "reclaim": self._reclaim,
+            "heartbeat": self._heartbeat,
+            "cancels": self._watch_cancels,
+            "flush": self.outbox.run,
+        }
         try:
-            await self.queue.deregister()
-        except UNAVAILABLE:
-            log.warning("could not deregister: Redis unavailable")
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self.supervisor.keep(n, f)) for n, f in loops.items()]
+                await stop.wait()
+                self.health.state = "draining"
+                self.accepting = False
+                await self._drain()
+                for task in tasks:
+                    task.cancel()
+        except* LoopFailed as failed:
+            self.health.state = "broken"
+            self.accepting = False
+            log.error("giving up: %s", failed.exceptions[0])
+            await self._hand_back_all()
+            raise failed.exceptions[0] from None
+        finally:
+            with contextlib.suppress(*UNAVAILABLE):
+                await self.queue.deregister()
+        self.health.state = "stopped"
 
     @property
     def free(self) -> int:
         return self.engine.max_concurrency - len(self.inflight)
 
     async def _fetch(self) -> None:
+        failures = 0
         while self.accepting:
             if self.free <= 0:
                 self.slot_freed.clear()
@@ -105,13 +125,15 @@ class Worker:
                 continue
             try:
                 deliveries = await self.queue.read(self.free, block_ms=1000)
-            except UNAVAILABLE:
-                await asyncio.sleep(0.5)
+            except UNAVAILABLE as problem:
+                failures += 1
+                await _back_off("fetch", problem, failures)
                 continue
             except ResponseError as problem:  # NOGROUP: Redis restarted empty
                 log.warning("re-registering: %s", problem)
                 await self.queue.register(self.card, self.tokenizer_json)
                 continue
+            failures = 0
             for delivery in deliveries:
                 self._start(delivery)
 
@@ -122,13 +144,14 @@ class Worker:
                 try:
                     deliveries = await self.queue.reclaim(self.free)
                 except (*UNAVAILABLE, ResponseError):
-                    continue
+                    continue  # the next sweep retries
                 for delivery in deliveries:
                     log.info("reclaimed", extra={"entry": delivery.entry_id})
                     self._start(delivery)
 
     async def _heartbeat(self) -> None:
         while True:
+            self.health.tick()
             if self.engine.failure is not None:
                 log.error("the engine failed; stopping the worker")
                 self.stop.set()
@@ -147,12 +170,12 @@ class Worker:
             try:
                 cancelled = await self.queue.cancelled(waiting)
             except UNAVAILABLE:
-                continue
+                continue  # polled again in CANCEL_POLL_S
             for request_id, when in cancelled.items():
                 flight = self.inflight.get(request_id)
                 if flight is not None:
                     flight.cancelled_at = when
-                    flight.run.cancel()
+                    await flight.run.cancel()
 
     def _start(self, delivery: Delivery) -> None:
         envelope = delivery.envelope
@@ -189,6 +212,10 @@ class Worker:
             )
             self.metrics.requests.labels(self.card.name, "malformed").inc()
             self.outbox.orphan(flight.delivery.entry_id)
+        except Exception:  # a bug in one request must not take the worker down: answer it
+            log.exception("request failed", extra={"request": request_id})
+            self.metrics.requests.labels(self.card.name, "error").inc()
+            flight.run.fail_internal()
         finally:
             self.inflight.pop(request_id, None)
             self.slot_freed.set()
@@ -219,6 +246,10 @@ class Worker:
                 await asyncio.wait_for(self.slot_freed.wait(), deadline - time.monotonic())
             except TimeoutError:
                 break
+        await self._hand_back_all()
+
+    async def _hand_back_all(self) -> None:
+        """Stops every request still running and parks its entry for another worker."""
         left = list(self.inflight.values())
         for flight in left:
             if flight.task is not None:
@@ -233,15 +264,10 @@ class Worker:
             log.info("handed back unfinished requests", extra={"count": len(left)})
 
 
-async def _forever(loop: Callable[[], Awaitable[None]]) -> None:
-    """The outermost worker loop: a bug in one loop is logged and the loop restarted, rather
-    than leaving the worker alive but deaf."""
-    while True:
-        try:
-            await loop()
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the outermost loop; everything expected is handled inside
-            log.exception("worker loop %s failed; restarting it", loop.__name__)
-            await asyncio.sleep(1.0)
+async def _back_off(loop: str, problem: Exception, failures: int) -> None:
+    delay = BACKOFF.compute(failures)
+    log.warning(
+        "Redis unavailable; retrying",
+        extra={"loop": loop, "problem": str(problem), "failures": failures, "delay_s": delay},
+    )
+    await asyncio.sleep(delay)

@@ -1,9 +1,7 @@
-"""The protocol a worker drives, and its embedded-engine implementation.
+"""The embedded engine behind the worker's engine-client protocol.
 
-An engine client turns requests into async streams of token deltas, aborts requests, and hands
-over the per-cycle statistics it gathered. The torch implementation runs the embedded engine on
-a thread of its own: the asyncio loop never waits on a forward pass, and the engine sees every
-add and abort between two cycles.
+The engine runs on a thread of its own: the asyncio loop never waits on a forward pass, and the
+engine sees every add and abort between two cycles.
 """
 
 import asyncio
@@ -11,48 +9,12 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
-from typing import Protocol
 
 from dcoco.engine.engine import Engine, StepResult
-from dcoco.engine.sampling import SamplingParams
-from dcoco.engine.stats import CycleStats, SpecStats
+from dcoco.shared.protocol import EngineDelta, EngineRequest
+from dcoco.shared.stats import CycleStats
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class EngineRequest:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-
-
-@dataclass(frozen=True)
-class EngineDelta:
-    token_ids: list[int]
-    finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    stats: SpecStats | None = None  # the request's speculation so far
-    error: str | None = None  # why the engine refused or failed the request
-
-
-class EngineClient(Protocol):
-    max_model_len: int
-    max_concurrency: int
-    failure: BaseException | None  # set when the engine can no longer serve
-
-    def generate(self, request: EngineRequest) -> AsyncGenerator[EngineDelta, None]:
-        """Deltas until one with finished=True; leaving the iteration early aborts it."""
-        ...
-
-    async def abort(self, request_id: str) -> None: ...
-
-    def drain_stats(self) -> list[CycleStats]:
-        """Cycle statistics gathered since the last call."""
-        ...
-
-    async def close(self) -> None: ...
 
 
 _Command = tuple[str, EngineRequest | str | None]

@@ -1,11 +1,12 @@
-"""A benchmark fixture: an engine client that answers instantly, so that what a benchmark
-measures is the gateway and the queue alone. Never a serving default."""
+"""A test and benchmark fixture: an engine client that answers instantly with a fixed text, so
+that what a benchmark measures is the gateway and the queue alone. It is not a serving engine:
+it never runs a model."""
 
 import asyncio
 from collections.abc import AsyncGenerator
 
-from dcoco.engine.stats import CycleStats, SpecStats
-from dcoco.worker.engine_client import EngineDelta, EngineRequest
+from dcoco.shared.protocol import EngineDelta, EngineRequest
+from dcoco.shared.stats import CycleStats, SpecStats
 
 TOKENS_PER_DELTA = 16  # one speculative cycle's worth, like the real engine's deltas
 

@@ -1,15 +1,8 @@
 """Engine configuration: which drafting mode, and the shapes every cycle uses."""
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 
-from dcoco.spec.select import Rule
-
-
-class Mode(StrEnum):
-    VANILLA = "vanilla"  # target only, one token per step
-    DFLASH = "dflash"  # the drafter's top-1 at every slot
-    DCOCO = "dcoco"  # top-K per slot, corrector scores, a selection rule picks the draft
+from dcoco.shared.options import Mode, Rule
 
 
 @dataclass(frozen=True)

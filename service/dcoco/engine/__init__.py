@@ -1,0 +1,1 @@
+"""The embedded PyTorch engine: scheduler, sequence state, model runner and KV caches."""

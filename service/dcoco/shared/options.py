@@ -1,0 +1,15 @@
+"""The choices that name how a cycle drafts and picks its draft."""
+
+from enum import StrEnum
+
+
+class Mode(StrEnum):
+    VANILLA = "vanilla"  # target only, one token per step
+    DFLASH = "dflash"  # the drafter's top-1 at every slot
+    DCOCO = "dcoco"  # top-K per slot, corrector scores, a selection rule picks the draft
+
+
+class Rule(StrEnum):
+    PREFIX = "prefix"  # prefix-first walk: the paper's default
+    GLOBAL = "global"  # Viterbi over the summed transition scores (ablation)
+    DISCOUNTED = "discounted"  # Viterbi with slot p weighted by gamma**p (ablation)

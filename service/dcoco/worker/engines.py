@@ -1,0 +1,22 @@
+"""The engine a worker drives, chosen by DCOCO_ENGINE. Each engine's heavy imports (torch, vLLM)
+happen only when it is chosen."""
+
+from dcoco.settings import WorkerSettings
+from dcoco.shared.protocol import EngineClient
+from dcoco.tokenizer import Tokenizer
+
+INSTANT_ANSWER = " the quick brown fox jumps over the lazy dog"
+
+
+def build_engine_client(settings: WorkerSettings, tokenizer: Tokenizer) -> EngineClient:
+    """Must run inside the worker's event loop (engine clients hand results to it)."""
+    if settings.engine == "instant":
+        from dcoco.shared.instant import InstantEngineClient
+
+        ids = tokenizer.encode(INSTANT_ANSWER)
+        return InstantEngineClient(settings.max_model_len or 2048, settings.max_batch_size, ids)
+    from dcoco.engine.client import TorchEngineClient
+    from dcoco.engine.load import load_engine
+
+    cfg = settings.engine_config(tokenizer.eos_token_ids)
+    return TorchEngineClient(load_engine(settings.target, settings.drafter, cfg))
