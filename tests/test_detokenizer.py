@@ -56,3 +56,17 @@ def test_resuming_continues_without_repeating(tokenizer: Tokenizer) -> None:
     resumed = Detokenizer(tokenizer, prefix_ids=ids[:7], sent_text=sent)
     rest = feed(resumed, ids[7:], 2)
     assert sent + "".join(rest) == "héllo wörld, again"
+
+
+def test_a_character_split_across_deltas_goes_out_whole_with_the_delta_that_completes_it(
+    tokenizer: Tokenizer,
+) -> None:
+    emoji = tokenizer.encode("🙂")  # four byte tokens
+    assert len(emoji) == 4
+    detok = Detokenizer(tokenizer)
+    assert detok.push(tokenizer.encode("ok ") + emoji[:1]) == "ok "
+    assert detok.push(emoji[1:3]) == ""
+    assert detok.push(emoji[3:] + tokenizer.encode("!")) == "🙂!"
+    cut = Detokenizer(tokenizer)
+    assert cut.push(tokenizer.encode("é")[:1]) == ""
+    assert cut.flush() == ""  # a character whose last bytes never came is dropped, not U+FFFD

@@ -179,3 +179,126 @@ async def test_readiness_needs_a_live_worker(plain: httpx.AsyncClient) -> None:
     reply = await plain.get("/readyz")
     assert reply.status_code == 503
     assert reply.json()["error"]["code"] == "no_workers"
+
+
+def raw_post(client: httpx.AsyncClient, path: str, body: bytes) -> "asyncio.Future[httpx.Response]":
+    headers = {"Content-Type": "application/json"}
+    return asyncio.ensure_future(client.post(path, content=body, headers=headers))
+
+
+BAD_BODIES = {
+    "deeply nested JSON": (
+        "/v1/chat/completions",
+        b'{"model": "m", "messages": ' + b"[" * 2000 + b"]" * 2000 + b"}",
+    ),
+    "lone surrogate in content": (
+        "/v1/chat/completions",
+        b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
+    ),
+    "lone surrogate in a prompt": ("/v1/completions", b'{"model": "m", "prompt": "a\\ud800"}'),
+    "lone surrogate in a stop string": (
+        "/v1/completions",
+        b'{"model": "m", "prompt": "a", "stop": ["\\udfff"]}',
+    ),
+    "empty prompt list": ("/v1/completions", b'{"model": "m", "prompt": []}'),
+    "max_tokens as a string": (
+        "/v1/completions",
+        b'{"model": "m", "prompt": "a", "max_tokens": "4"}',
+    ),
+    "stream as a string": ("/v1/completions", b'{"model": "m", "prompt": "a", "stream": "yes"}'),
+    "stream as a number": ("/v1/completions", b'{"model": "m", "prompt": "a", "stream": 0}'),
+    "booleans as token ids": ("/v1/completions", b'{"model": "m", "prompt": [[false]]}'),
+    "invalid UTF-8": ("/v1/completions", b'{"model": "m", "prompt": "\xff\xfe"}'),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BODIES))
+async def test_malformed_and_hostile_bodies_are_400_in_the_envelope(
+    plain: httpx.AsyncClient, case: str
+) -> None:
+    path, body = BAD_BODIES[case]
+    reply = await raw_post(plain, path, body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error"
+
+
+async def test_a_wrong_method_is_a_405_invalid_request(plain: httpx.AsyncClient) -> None:
+    reply = await plain.get("/v1/chat/completions")
+    assert reply.status_code == 405
+    assert reply.json()["error"]["type"] == "invalid_request_error"
+
+
+async def test_an_unrelated_os_error_is_a_500_not_a_queue_outage(
+    redis_server: RedisServer, published: None
+) -> None:
+    app = create_app(GatewaySettings(redis_url=redis_server.url))
+
+    async def broken(name: str) -> object:
+        raise FileNotFoundError("/nowhere")
+
+    app.state.services.catalog.get = broken
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        reply = await client.post("/v1/chat/completions", json=CHAT)
+    assert reply.status_code == 500
+    assert reply.json()["error"] == {
+        "message": "internal error",
+        "type": "server_error",
+        "param": None,
+        "code": "internal_error",
+    }
+
+
+async def test_a_model_that_vanished_with_redis_is_unavailable_not_unknown(
+    redis_server: RedisServer, published: None
+) -> None:
+    async with gateway(redis_server, queue_timeout_s=0.5) as client:
+        assert [m["id"] for m in (await client.get("/v1/models")).json()["data"]] == ["m"]
+        redis_server.client().flushall()  # Redis restarted empty; no worker re-registered yet
+        await asyncio.sleep(2.1)  # past the catalog's refresh interval
+        reply = await client.post("/v1/chat/completions", json=CHAT)
+        assert reply.status_code == 503
+        assert reply.json()["error"]["code"] == "model_unavailable"
+        assert int(reply.headers["retry-after"]) >= 1
+        unknown = await client.post("/v1/chat/completions", json=CHAT | {"model": "never-seen"})
+        assert unknown.status_code == 404
+
+
+async def test_a_stream_waiting_in_the_queue_gets_keep_alives_then_a_timeout_event(
+    redis_server: RedisServer, published: None
+) -> None:
+    async with (
+        gateway(redis_server, queue_timeout_s=1.0, sse_keepalive_s=0.2) as client,
+        client.stream("POST", "/v1/chat/completions", json=CHAT | {"stream": True}) as reply,
+    ):
+        assert reply.status_code == 200  # committed to the stream after one keep-alive
+        lines = [line async for line in reply.aiter_lines() if line]
+    assert lines.count(": ping") >= 3
+    assert '"code":"queue_timeout"' in lines[-2]
+    assert lines[-1] == "data: [DONE]"
+
+
+async def test_readiness_can_ignore_workers_for_scale_to_zero(
+    redis_server: RedisServer, published: None
+) -> None:
+    async with gateway(redis_server, readyz_requires_workers=False) as client:
+        reply = await client.get("/readyz")
+    assert reply.status_code == 200
+    assert reply.json()["workers"] == {"m": 0}
+
+
+def test_the_openapi_schema_documents_the_request_bodies(redis_server: RedisServer) -> None:
+    schema = create_app(GatewaySettings(redis_url=redis_server.url)).openapi()
+    for path, model in (
+        ("/v1/chat/completions", "ChatRequest"),
+        ("/v1/completions", "CompletionRequest"),
+    ):
+        operation = schema["paths"][path]["post"]
+        body = operation["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{model}"}
+        assert "400" in operation["responses"]
+    chat = schema["components"]["schemas"]["ChatRequest"]
+    assert {"model", "messages"} <= set(chat["required"])
+    assert chat["additionalProperties"] is False

@@ -81,7 +81,8 @@ class GatewayQueue:
         return int(await self.redis.zcount(keys.workers(model), since, "+inf"))
 
     async def cards(self) -> dict[str, ModelCard]:
-        names = sorted(str(n) for n in await self.redis.smembers(keys.MODELS))
+        members = await self.redis.smembers(keys.MODELS)  # type: ignore[misc]  # redis-py 7 stubs
+        names = sorted(str(n) for n in members)
         raw = await self.redis.mget([keys.model_card(n) for n in names]) if names else []
         cards = [ModelCard.model_validate_json(r) for r in raw if r is not None]
         return {card.name: card for card in cards}
@@ -91,4 +92,4 @@ class GatewayQueue:
         return None if value is None else str(value)
 
     async def ping(self) -> None:
-        await self.redis.ping()
+        await self.redis.ping()  # type: ignore[misc]  # redis-py 7 stubs type both clients

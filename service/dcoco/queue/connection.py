@@ -1,8 +1,11 @@
 """Redis connections that fail fast: an outage must surface within about a second."""
 
+import asyncio
+import builtins
+from collections.abc import Iterable
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import Connection, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import EqualJitterBackoff, NoBackoff
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
@@ -16,6 +19,29 @@ UNAVAILABLE = (ConnectionError, TimeoutError, BusyLoadingError)
 BACKOFF = EqualJitterBackoff(cap=2.0, base=0.05)
 
 
+class _Connection(Connection):
+    """Bounds writes with `asyncio.timeout` instead of redis-py's `asyncio.wait_for`.
+
+    In Python 3.11, `wait_for` swallows the cancellation of the calling task when the write it
+    wraps finishes at the same moment (fixed in 3.12), and a write usually finishes at once: a
+    task cancelled mid-command (a worker loop at shutdown, a request whose client left) then
+    keeps running. Reads already use `asyncio.timeout`.
+    """
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        timeout, self.socket_timeout = self.socket_timeout, None
+        try:
+            async with asyncio.timeout(timeout):
+                await super().send_packed_command(command, check_health)
+        except builtins.TimeoutError:  # our asyncio.timeout expired
+            await self.disconnect(nowait=True)
+            raise TimeoutError("Timeout writing to socket") from None
+        finally:
+            self.socket_timeout = timeout
+
+
 def connect(url: str, timeout_s: float = 1.0, max_connections: int | None = None) -> Redis:
     """A client whose commands give up after `timeout_s`. A failed command is retried once on a
     fresh connection, at once: after a Redis restart, pooled connections are stale, and the
@@ -27,6 +53,7 @@ def connect(url: str, timeout_s: float = 1.0, max_connections: int | None = None
         socket_connect_timeout=min(timeout_s, 0.5),
         retry=Retry(NoBackoff(), 1),
         max_connections=max_connections,
+        connection_class=_Connection,
     )
 
 

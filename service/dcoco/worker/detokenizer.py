@@ -1,14 +1,14 @@
 """Incremental detokenization with stop strings.
 
-Token ids arrive a few at a time. Text is released only once it is final: not the start of a
-multi-byte character still being decoded (a trailing U+FFFD), and not a possible beginning of
-a stop string. A stop string ends the text just before it, as in OpenAI's API.
+Token ids arrive a few at a time. `tokenizers`' DecodeStream turns them into text, holding back
+a multi-byte character until its last byte arrives. On top of that, text that could be the
+beginning of a stop string is held back until it is not. A stop string ends the text just
+before it, as in OpenAI's API.
 """
 
-from dcoco.tokenizer import Tokenizer
+from tokenizers.decoders import DecodeStream
 
-# Tokens decoded again before the unread ones, so that merges across the boundary come out right.
-CONTEXT_TOKENS = 6
+from dcoco.tokenizer import Tokenizer
 
 
 class Detokenizer:
@@ -22,8 +22,7 @@ class Detokenizer:
         """`prefix_ids` and `sent_text` resume a request: the tokens an earlier attempt
         generated and the part of their text the client already has."""
         self.tokenizer, self.stops = tokenizer, stops
-        self.ids: list[int] = []
-        self.prefix_offset = self.read_offset = 0
+        self.stream = DecodeStream(skip_special_tokens=True)
         self.pending = ""  # decoded, not yet released
         self.stopped = False
         self.skip = len(sent_text)  # released characters the client already has
@@ -34,24 +33,16 @@ class Detokenizer:
         """Adds tokens; returns the text now final. After a stop string, returns '' forever."""
         if self.stopped or not token_ids:
             return ""
-        self.ids += token_ids
-        self.pending += self._decode_new()
+        for token in token_ids:  # one at a time, so a cut character holds back only itself
+            self.pending += self.stream.step(self.tokenizer.inner, token) or ""
         return self._release(final=False)
 
     def flush(self) -> str:
-        """The generation ended: everything still held back is final (except a cut character)."""
+        """The generation ended: everything held back is final, except a character whose
+        last bytes never came (it is dropped, never sent as U+FFFD)."""
         if self.stopped:
             return ""
-        self.pending = self.pending.rstrip("\ufffd")
         return self._release(final=True)
-
-    def _decode_new(self) -> str:
-        before = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
-        after = self.tokenizer.decode(self.ids[self.prefix_offset :])
-        if len(after) <= len(before) or after.endswith("\ufffd"):
-            return ""  # nothing new, or a character cut in half: wait for more tokens
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return after[len(before) :]
 
     def _release(self, final: bool) -> str:
         hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]

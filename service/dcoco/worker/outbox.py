@@ -39,7 +39,8 @@ class Outbox:
 
     async def run(self) -> None:
         while True:
-            await self.ready.wait()
+            if not self.items:  # after a restart, what the crashed flush held goes out at once
+                await self.ready.wait()
             self.ready.clear()
             await self.flush_now()
 
@@ -50,8 +51,10 @@ class Outbox:
             batch, self.items = self.items, []
             try:
                 results = await self.queue.append(batch)
-            except UNAVAILABLE as problem:
-                self.items = batch + self.items
+            except BaseException as problem:
+                self.items = batch + self.items  # nothing is lost, whatever went wrong
+                if not isinstance(problem, UNAVAILABLE):
+                    raise
                 if time.monotonic() - started > OUTAGE_GRACE_S:
                     log.error("Redis unavailable: dropping %d events", len(self.items))
                     self.items = []

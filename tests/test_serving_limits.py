@@ -1,0 +1,94 @@
+"""Requests at the edges, against real processes: many choices on a worker that runs one at a
+time, and a large body while another stream is running."""
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from factories import write_models
+from stack import Stack
+
+pytestmark = pytest.mark.slow
+MODEL = Stack.MODEL
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return write_models(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def one_at_a_time(
+    tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]
+) -> Iterator[Stack]:
+    """The instant engine with room for one request: choices finish before others start."""
+    stack = Stack(tmp_path_factory.mktemp("one"), models, DCOCO_ENGINE="instant")
+    stack.start(DCOCO_MAX_BATCH_SIZE="1")
+    yield stack
+    stack.stop()
+
+
+def test_many_choices_on_a_one_slot_worker_all_complete(one_at_a_time: Stack) -> None:
+    client = openai.OpenAI(
+        base_url=f"{one_at_a_time.url}/v1", api_key="-", max_retries=0, timeout=30
+    )
+    prompts = [f"prompt {i}" for i in range(64)]
+    reply = client.completions.create(model=MODEL, prompt=prompts, max_tokens=4, temperature=0)
+    assert sorted(c.index for c in reply.choices) == list(range(64))
+    assert all(c.finish_reason == "length" and c.text for c in reply.choices)
+    stream = client.completions.create(
+        model=MODEL, prompt="p", n=2, max_tokens=4, temperature=0, stream=True
+    )
+    finished = [c.choices[0].index for c in stream if c.choices and c.choices[0].finish_reason]
+    assert sorted(finished) == [0, 1]  # and the iteration ended: [DONE] arrived
+
+
+def test_a_large_body_does_not_stall_a_concurrent_stream(
+    tmp_path: Path, models: dict[str, Path]
+) -> None:
+    stack = Stack(tmp_path, models, DCOCO_MODE="vanilla", DCOCO_MAX_MODEL_LEN="4096").start()
+    try:
+        gaps: list[float] = []
+
+        def stream_long_answer() -> None:
+            body = {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "def main():"}],
+                "max_tokens": 400,
+                "temperature": 0,
+                "stream": True,
+            }
+            with httpx.stream(
+                "POST", f"{stack.url}/v1/chat/completions", json=body, timeout=60
+            ) as r:
+                last = None
+                for line in r.iter_lines():
+                    now = time.monotonic()
+                    if line.startswith("data: {") and last is not None:
+                        gaps.append(now - last)
+                    last = now
+
+        streaming = threading.Thread(target=stream_long_answer)
+        streaming.start()
+        time.sleep(1.0)  # the stream is flowing
+        big = json.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "x = 1\n" * 550_000}]}
+        )
+        assert len(big) < 4 * 1024 * 1024
+        started = time.monotonic()
+        refused = httpx.post(f"{stack.url}/v1/chat/completions", content=big, timeout=60)
+        took = time.monotonic() - started
+        streaming.join(timeout=60)
+        assert refused.status_code == 400
+        assert refused.json()["error"]["code"] == "context_length_exceeded"
+        assert took > 0.5  # tokenizing it took long enough to have stalled the stream
+        assert len(gaps) > 50
+        assert max(gaps) < 0.5, f"the stream went silent for {max(gaps):.2f} s"
+    finally:
+        stack.stop()

@@ -1,0 +1,214 @@
+"""Worker loops under injected bugs: a real redis-server, in-process workers and gateway, and a
+queue that raises an unexpected exception from the method one loop depends on.
+
+A loop that crashes a few times is restarted and counted while the worker keeps serving; a
+loop that keeps crashing makes the worker give up: it hands its requests back, deregisters and
+stops, and another worker finishes them.
+"""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry
+
+from dcoco.gateway.app import create_app
+from dcoco.queue.connection import connect
+from dcoco.queue.consumer import WorkerQueue
+from dcoco.queue.protocol import ModelCard
+from dcoco.settings import GatewaySettings, WorkerSettings
+from dcoco.shared.instant import InstantEngineClient
+from dcoco.shared.protocol import EngineDelta, EngineRequest
+from dcoco.shared.supervisor import LoopFailed
+from dcoco.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
+from dcoco.worker.http import Health
+from dcoco.worker.metrics import WorkerMetrics
+from dcoco.worker.worker import Worker
+from stack import RedisServer
+
+# The queue method each loop calls on every pass.
+LOOP_METHODS = {
+    "fetch": "read",
+    "reclaim": "reclaim",
+    "heartbeat": "heartbeat",
+    "cancels": "cancelled",
+    "flush": "append",
+}
+
+
+class FaultyQueue(WorkerQueue):
+    """A real worker queue whose `method` raises RuntimeError on its next `faults` calls."""
+
+    def __init__(self, *args: Any, method: str = "") -> None:
+        super().__init__(*args)
+        self.method, self.faults = method, 0
+
+    def _maybe_fail(self, method: str) -> None:
+        if method == self.method and self.faults > 0:
+            self.faults -= 1
+            raise RuntimeError(f"injected fault in {method}")
+
+    async def read(self, count: int, block_ms: int) -> Any:
+        self._maybe_fail("read")
+        return await super().read(count, block_ms)
+
+    async def reclaim(self, count: int) -> Any:
+        self._maybe_fail("reclaim")
+        return await super().reclaim(count)
+
+    async def heartbeat(self, *args: Any) -> None:
+        self._maybe_fail("heartbeat")
+        await super().heartbeat(*args)
+
+    async def cancelled(self, request_ids: list[str]) -> dict[str, float]:
+        self._maybe_fail("cancelled")
+        return await super().cancelled(request_ids)
+
+    async def append(self, writes: Any) -> list[bool]:
+        self._maybe_fail("append")
+        return await super().append(writes)
+
+
+class PacedEngine(InstantEngineClient):
+    """The instant fixture, one delta every 20 ms: requests stay in flight for a while."""
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineDelta]:  # type: ignore[override]
+        async for delta in super().generate(request):
+            await asyncio.sleep(0.02)
+            yield delta
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("tok")
+    save_tokenizer(train_tokenizer(["hello world, the quick brown fox"] * 10, 300), folder)
+    return folder
+
+
+class RunningWorker:
+    def __init__(self, worker: Worker, task: "asyncio.Task[None]", stop: asyncio.Event) -> None:
+        self.worker, self.task, self.stop = worker, task, stop
+
+    def restarts(self, loop: str) -> float:
+        value = self.worker.metrics.loop_restarts.labels("m", loop)._value.get()
+        return float(value)
+
+
+async def start_worker(
+    server: RedisServer, tokenizer_dir: Path, name: str, method: str = "", times: int = 0
+) -> RunningWorker:
+    settings = WorkerSettings(
+        redis_url=server.url, lease_s=1.0, heartbeat_s=0.2, drain_timeout_s=1.0
+    )
+    tokenizer = Tokenizer.from_dir(tokenizer_dir)
+    tokenizer_json = (tokenizer_dir / "tokenizer.json").read_text()
+    card = ModelCard(
+        name="m",
+        max_model_len=2048,
+        tokenizer_sha="t",
+        chat_template=tokenizer.chat_template,
+        created=0,
+    )
+    redis = connect(server.url, timeout_s=2.0)
+    queue = FaultyQueue(redis, redis, "m", name, settings.lease_s, method=method)
+    engine = PacedEngine(2048, 8, tokenizer.encode(" the quick brown fox"))
+    metrics = WorkerMetrics(CollectorRegistry(), "m")
+    health = Health(stale_after_s=settings.lease_s)
+    worker = Worker(settings, engine, tokenizer, queue, metrics, card, tokenizer_json, health)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    await until(lambda: health.state != "loading")
+    queue.faults = times  # armed once the worker runs its loops
+    return RunningWorker(worker, task, stop)
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 20) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.02)
+
+
+def gateway(server: RedisServer) -> httpx.AsyncClient:
+    app = create_app(GatewaySettings(redis_url=server.url, queue_timeout_s=10))
+    transport = httpx.ASGITransport(app=app)
+    return httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30)
+
+
+async def stream_chat(client: httpx.AsyncClient, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """The streamed text and the usage chunk of one chat request."""
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hello"}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    text, usage = "", {}
+    async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
+        assert reply.status_code == 200
+        lines = [line async for line in reply.aiter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    for line in lines[:-1]:
+        chunk = json.loads(line.removeprefix("data: "))
+        assert "error" not in chunk, chunk
+        if chunk["choices"]:
+            text += chunk["choices"][0]["delta"].get("content") or ""
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+    return text, usage
+
+
+@pytest.mark.parametrize("loop", list(LOOP_METHODS))
+async def test_a_crashing_loop_is_restarted_and_the_worker_keeps_serving(
+    redis_server: RedisServer, tokenizer_dir: Path, loop: str
+) -> None:
+    redis_server.client().flushall()
+    running = await start_worker(
+        redis_server, tokenizer_dir, f"w-{loop}", method=LOOP_METHODS[loop], times=2
+    )
+    async with gateway(redis_server) as client:
+        for _ in range(3):
+            text, usage = await stream_chat(client, max_tokens=20)
+            assert usage["completion_tokens"] == 20
+            assert text.strip()
+        await until(lambda: running.restarts(loop) >= 2)  # some loops run only now and then
+        assert running.restarts(loop) == 2
+        assert not running.task.done()
+        assert running.worker.health.live
+    running.stop.set()
+    await running.task
+
+
+async def test_a_loop_that_keeps_crashing_hands_its_requests_to_another_worker(
+    redis_server: RedisServer, tokenizer_dir: Path
+) -> None:
+    redis_server.client().flushall()
+    doomed = await start_worker(
+        redis_server, tokenizer_dir, "doomed", method="cancelled", times=10**6
+    )
+    async with gateway(redis_server) as client:
+        requests = [asyncio.create_task(stream_chat(client, max_tokens=2000)) for _ in range(4)]
+        await until(lambda: len(doomed.worker.inflight) == 4)
+        healthy = await start_worker(redis_server, tokenizer_dir, "healthy")
+        with pytest.raises(LoopFailed):
+            await asyncio.wait_for(doomed.task, 20)
+        assert doomed.worker.health.state == "broken"
+        assert not doomed.worker.health.live
+        assert doomed.restarts("cancels") == 6  # five tolerated within the minute, then gave up
+        assert "doomed" not in redis_server.client().zrange("dcoco:m:workers", 0, -1)
+        results = await asyncio.gather(*requests)
+        assert [usage["completion_tokens"] for _, usage in results] == [2000] * 4
+    healthy.stop.set()
+    await healthy.task
