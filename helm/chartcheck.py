@@ -107,13 +107,10 @@ def check_scenario(scenario: Path, helm_path: Path | None, kube_version: str) ->
         manifests = render([scenario], helm_path=helm_path)
     except RuntimeError as error:
         return [*problems, f"{name}: helm template: {error}"]
+    builtin = [m for m in manifests if not is_custom(m)]
     custom = [m for m in manifests if is_custom(m)]
-    for manifest in manifests:
-        if not is_custom(manifest):
-            problem = validate_builtin(manifest, kube_version)
-            if problem:
-                problems.append(f"{name}: {manifest['kind']}/{manifest['metadata']['name']}: {problem}")
-    for manifest, problem in zip(custom, validate_custom(custom), strict=True):
+    results = [validate_builtin(m, kube_version) for m in builtin] + validate_custom(custom)
+    for manifest, problem in zip(builtin + custom, results, strict=True):
         if problem:
             problems.append(f"{name}: {manifest['kind']}/{manifest['metadata']['name']}: {problem}")
     kinds = sorted({m["kind"] for m in manifests})
