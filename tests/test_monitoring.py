@@ -1,0 +1,249 @@
+"""The Grafana dashboard and the alert rules: the committed JSON is the generator's output, the
+rules pass promtool, and every PromQL expression of both runs on a real Prometheus that scraped a
+real stack (redis-server, worker and gateway processes) after traffic, the core panels with data.
+"""
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from dcoco.serve import free_port
+from factories import write_models
+from stack import Stack, http_status, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "monitoring"))
+
+import dashboard  # noqa: E402
+
+FILES = ROOT / "helm" / "dcoco" / "files"
+BOARD = json.loads((FILES / "dcoco-dashboard.json").read_text())
+RULES = yaml.safe_load((FILES / "dcoco-alerts.yaml").read_text())
+WINDOW = "1m"  # stands for $__rate_interval: covers the whole burst of traffic below
+
+
+def panels() -> list[dict[str, Any]]:
+    return [p for p in BOARD["panels"] if p["type"] != "row"]
+
+
+def vllm_panel(panel: dict[str, Any]) -> bool:
+    return any("vllm:" in t["expr"] for t in panel["targets"])
+
+
+def promql(expr: str, model: str) -> str:
+    """A panel query as Grafana sends it with model = `model` and instance = All."""
+    return (
+        expr.replace("$__rate_interval", WINDOW).replace("$model", model).replace("$instance", ".*")
+    )
+
+
+def require(tool: str) -> str:
+    found = shutil.which(tool)
+    if found is None:
+        raise RuntimeError(f"{tool} is not installed: run `make setup` (Debian's prometheus)")
+    return found
+
+
+def test_committed_dashboard_is_the_generator_output() -> None:
+    assert (FILES / "dcoco-dashboard.json").read_text() == dashboard.render()
+
+
+def test_dashboard_variables_and_panels() -> None:
+    assert [v["name"] for v in BOARD["templating"]["list"]] == ["datasource", "model", "instance"]
+    titles = {p["title"] for p in panels()}
+    required = {
+        "Mean accepted length",
+        "Accepted length distribution",
+        "Acceptance by draft position",
+        "Corrector rescue and override rates",
+        "Cycle time by phase",
+        "Correction share of the cycle",
+        "Time to first token",
+        "Inter-token latency",
+        "End-to-end latency",
+        "Generated tokens / s",
+        "Queue depth",
+        "Queue wait",
+        "Rejections by reason",
+        "Live workers",
+        # vLLM's spec-decode dashboard, at parity
+        "vLLM draft acceptance rate",
+        "vLLM acceptance length",
+        "vLLM accepted tokens / s",
+        "vLLM draft tokens / s",
+        "vLLM drafts / s",
+        "vLLM acceptance by draft position",
+        "vLLM proposed, accepted and rejected tokens / s",
+    }
+    assert required <= titles, required - titles
+    heat = next(p for p in panels() if p["type"] == "heatmap")
+    assert heat["targets"][0]["format"] == "heatmap"
+    for panel in panels():
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        for target in panel["targets"]:
+            if "dcoco_requests_total" in target["expr"] or "dcoco_rejected" in target["expr"]:
+                continue  # gateway-wide counters: no model label
+            label = "model_name" if "vllm:" in target["expr"] else "model"
+            assert f'{label}=~"$model"' in target["expr"], (panel["title"], target["expr"])
+
+
+def test_promtool_checks_the_rules_and_every_alert_fires_in_its_unit_test() -> None:
+    promtool = require("promtool")
+    checked = subprocess.run(
+        [promtool, "check", "rules", str(FILES / "dcoco-alerts.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = subprocess.run(
+        [promtool, "test", "rules", str(ROOT / "monitoring" / "alerts-test.yaml")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    alerts = {r["alert"] for g in RULES["groups"] for r in g["rules"]}
+    tests = yaml.safe_load((ROOT / "monitoring" / "alerts-test.yaml").read_text())["tests"]
+    fired = {
+        case["alertname"]
+        for test in tests
+        for case in test["alert_rule_test"]
+        if case.get("exp_alerts")
+    }
+    assert fired == alerts
+
+
+class Prometheus:
+    """A real Prometheus scraping the stack every second, with the chart's rule file loaded."""
+
+    def __init__(self, folder: Path, targets: dict[str, list[str]]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(FILES / "dcoco-alerts.yaml")],
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": hosts}]}
+                for job, hosts in targets.items()
+            ],
+        }
+        (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.log = (folder / "prometheus.log").open("wb")
+        self.process = subprocess.Popen(
+            [
+                require("prometheus"),
+                f"--config.file={folder / 'prometheus.yml'}",
+                f"--storage.tsdb.path={folder / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self.log,
+            stderr=self.log,
+        )
+        wait_for(lambda: http_status(f"{self.url}/-/ready") == 200, 30, "Prometheus")
+
+    def query(self, expr: str) -> httpx.Response:
+        return httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)
+
+    def values(self, expr: str) -> list[float]:
+        reply = self.query(expr)
+        reply.raise_for_status()
+        return [float(r["value"][1]) for r in reply.json()["data"]["result"]]
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Prometheus]]:
+    """The stack after some traffic, and a Prometheus that has scraped it since."""
+    models = write_models(tmp_path_factory.mktemp("models"))
+    stack = Stack(tmp_path_factory.mktemp("stack"), models).start()
+    prometheus = Prometheus(
+        tmp_path_factory.mktemp("prometheus"),
+        {
+            "gateway": [f"127.0.0.1:{stack.port}"],
+            "worker": [f"127.0.0.1:{p}" for p in stack.metrics_ports],
+        },
+    )
+    try:
+        wait_for(lambda: prometheus.values('sum(up{job=~"gateway|worker"})') == [2.0], 30, "up")
+        with httpx.Client(base_url=stack.url, timeout=60) as client:
+            body = {"model": Stack.MODEL, "max_tokens": 24, "temperature": 0}
+            for i in range(8):
+                message = [{"role": "user", "content": f"def add(a, b):  # {i}"}]
+                reply = client.post(
+                    "/v1/chat/completions",
+                    json=body | {"messages": message, "stream": i % 2 == 0},
+                )
+                assert reply.status_code == 200, reply.text
+            bad = client.post("/v1/chat/completions", json=body | {"messages": "not a list"})
+            assert bad.status_code == 400  # a rejection, for the rejections panel
+        settled = 'sum(dcoco_requests_total{route="/v1/chat/completions"})'
+        wait_for(lambda: prometheus.values(settled) == [9.0], 30, "the traffic to be scraped")
+        time.sleep(2)  # a couple more scrapes, so every rate has two samples after the traffic
+        yield stack, prometheus
+    finally:
+        prometheus.stop()
+        stack.stop()
+
+
+@pytest.mark.slow
+def test_every_query_parses_and_the_core_panels_return_data(
+    scraped: tuple[Stack, Prometheus],
+) -> None:
+    _, prometheus = scraped
+    empty = []
+    for panel in panels():
+        for target in panel["targets"]:
+            expr = promql(target["expr"], Stack.MODEL)
+            reply = prometheus.query(expr)
+            assert reply.status_code == 200, (panel["title"], expr, reply.text)  # 400: bad query
+            if vllm_panel(panel):
+                continue  # no vLLM worker here: the query must parse, data cannot exist
+            values = [float(r["value"][1]) for r in reply.json()["data"]["result"]]
+            if not values or not all(math.isfinite(v) for v in values):
+                empty.append((panel["title"], target["legendFormat"], values))
+    assert empty == [], empty
+    accepted_length = prometheus.values(promql(panels()[0]["targets"][0]["expr"], Stack.MODEL))
+    assert 1.0 <= accepted_length[0] <= 5.0  # block size 4: 1..B+1 tokens per cycle
+    models = httpx.get(
+        f"{prometheus.url}/api/v1/label/model/values",
+        params={"match[]": "dcoco_queue_depth"},
+        timeout=10,
+    ).json()["data"]
+    assert models == [Stack.MODEL]  # what the `model` variable lists
+
+
+@pytest.mark.slow
+def test_every_alert_expression_parses_and_the_rules_evaluate(
+    scraped: tuple[Stack, Prometheus],
+) -> None:
+    _, prometheus = scraped
+    for group in RULES["groups"]:
+        for rule in group["rules"]:
+            reply = prometheus.query(rule["expr"])
+            assert reply.status_code == 200, (rule["alert"], reply.text)
+    query = urllib.parse.urlencode({"type": "alert"})
+
+    def evaluated() -> bool:
+        groups = httpx.get(f"{prometheus.url}/api/v1/rules?{query}", timeout=10).json()
+        rules = [r for g in groups["data"]["groups"] for r in g["rules"]]
+        return len(rules) == 7 and all(r["health"] == "ok" for r in rules)
+
+    wait_for(evaluated, 20, "the rules to evaluate healthy")
+    firing = httpx.get(f"{prometheus.url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+    assert [a for a in firing if a["state"] == "firing"] == []  # a healthy stack raises nothing
