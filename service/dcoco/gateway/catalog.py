@@ -21,6 +21,7 @@ from dcoco.queue.protocol import ModelCard
 from dcoco.tokenizer import Tokenizer
 
 RECENT_S = 600.0  # a model whose card vanished this recently is unavailable, not unknown
+MISS_REFRESH_S = 0.2  # an unknown name reloads the cards, at most this often
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class Catalog:
 
     async def get(self, name: str) -> ServedModel:
         await self._refresh()
+        if name not in self.cards:  # perhaps published since the last refresh: look again
+            await self._refresh(MISS_REFRESH_S)
         card = self.cards.get(name)
         if card is None:
             if time.monotonic() - self.seen.get(name, float("-inf")) < RECENT_S:
@@ -58,11 +61,12 @@ class Catalog:
             self.tokenizers[card.tokenizer_sha] = tokenizer
         return ServedModel(card, tokenizer)
 
-    async def _refresh(self) -> None:
-        if time.monotonic() - self.fetched < self.refresh_s:
+    async def _refresh(self, max_age_s: float | None = None) -> None:
+        max_age = self.refresh_s if max_age_s is None else max_age_s
+        if time.monotonic() - self.fetched < max_age:
             return
         async with self.lock:
-            if time.monotonic() - self.fetched >= self.refresh_s:
+            if time.monotonic() - self.fetched >= max_age:
                 self.cards = await self.queue.cards()
                 self.fetched = time.monotonic()
                 self.seen |= dict.fromkeys(self.cards, self.fetched)
