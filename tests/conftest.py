@@ -6,15 +6,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.model.causal_lm import CausalLM
 from dcoco.spec.drafter import DFlashDrafter
 from factories import distill, make_drafter, make_target
 
 
-@pytest.fixture(scope="session")
-def pair() -> tuple[Qwen3ForCausalLM, DFlashDrafter]:
-    """A random target with a distilled drafter whose corrector has random, non-zero scores."""
-    target = make_target()
+@pytest.fixture(scope="session", params=["qwen3", "llama"])
+def pair(request: pytest.FixtureRequest) -> tuple[CausalLM, DFlashDrafter]:
+    """A random target of each family with a distilled (always Qwen3) drafter whose corrector
+    has random, non-zero scores."""
+    target = make_target(family=request.param)
     drafter = distill(target, make_drafter(target, trained_delta=False))
     with torch.no_grad():
         assert drafter.corrector is not None

@@ -4,13 +4,15 @@ from pathlib import Path
 
 import torch
 
+from dcoco.model.causal_lm import CausalLM
 from dcoco.model.layers import TransformerConfig
-from dcoco.model.qwen3 import Qwen3ForCausalLM
 from dcoco.spec.corrector import CorrectorConfig
 from dcoco.spec.drafter import DFlashDrafter, DrafterConfig
 
 
-def target_config(vocab: int = 16, hidden: int = 32, layers: int = 3) -> TransformerConfig:
+def target_config(
+    vocab: int = 16, hidden: int = 32, layers: int = 3, family: str = "qwen3"
+) -> TransformerConfig:
     return TransformerConfig(
         vocab_size=vocab,
         hidden_size=hidden,
@@ -21,12 +23,15 @@ def target_config(vocab: int = 16, hidden: int = 32, layers: int = 3) -> Transfo
         head_dim=hidden // 4,
         max_position_embeddings=4096,
         rope_theta=10_000.0,
+        family=family,
     )
 
 
-def make_target(seed: int = 0, **kwargs: int) -> Qwen3ForCausalLM:
+def make_target(
+    seed: int = 0, vocab: int = 16, hidden: int = 32, layers: int = 3, family: str = "qwen3"
+) -> CausalLM:
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(target_config(**kwargs)).eval()
+    model = CausalLM(target_config(vocab, hidden, layers, family)).eval()
     with torch.no_grad():  # non-trivial norms, so checkpoint and parity tests see them
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -35,7 +40,7 @@ def make_target(seed: int = 0, **kwargs: int) -> Qwen3ForCausalLM:
 
 
 def drafter_config(
-    target: Qwen3ForCausalLM, block: int = 4, top_k: int | None = 4, layers: int = 1
+    target: CausalLM, block: int = 4, top_k: int | None = 4, layers: int = 1
 ) -> DrafterConfig:
     t = target.config
     return DrafterConfig(
@@ -61,7 +66,7 @@ def drafter_config(
 
 
 def make_drafter(
-    target: Qwen3ForCausalLM, seed: int = 1, trained_delta: bool = True, **kwargs: int
+    target: CausalLM, seed: int = 1, trained_delta: bool = True, **kwargs: int
 ) -> DFlashDrafter:
     """A drafter whose corrector, unless `trained_delta` is False, has a non-zero output layer,
     so the selection rules really do pick other candidates."""
@@ -74,7 +79,7 @@ def make_drafter(
 
 
 @torch.no_grad()
-def greedy_reference(target: Qwen3ForCausalLM, prompt: list[int], max_tokens: int) -> list[int]:
+def greedy_reference(target: CausalLM, prompt: list[int], max_tokens: int) -> list[int]:
     """Plain greedy decoding: the whole sequence recomputed every token, no cache, batch 1."""
     tokens = list(prompt)
     for _ in range(max_tokens):
@@ -85,7 +90,7 @@ def greedy_reference(target: Qwen3ForCausalLM, prompt: list[int], max_tokens: in
 
 
 def distill(
-    target: Qwen3ForCausalLM, drafter: DFlashDrafter, steps: int = 200, seed: int = 0
+    target: CausalLM, drafter: DFlashDrafter, steps: int = 200, seed: int = 0
 ) -> DFlashDrafter:
     """Teaches a drafter the target's greedy continuations for a few seconds, so engine tests
     see real acceptances, partial and full, instead of a drafter that is always wrong."""

@@ -125,5 +125,8 @@ def test_bad_target_folders_name_the_problem(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="rope_scaling"):
         load_target(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(raw | {"architectures": ["LlamaForCausalLM"]}))
-    with pytest.raises(CheckpointError, match="not a Qwen3 target"):
+    with pytest.raises(CheckpointError, match=r"is not \['Qwen3ForCausalLM'\]"):
+        load_target(tmp_path)  # a Qwen3 config that calls itself Llama
+    (tmp_path / "config.json").write_text(json.dumps(raw | {"model_type": "mistral"}))
+    with pytest.raises(CheckpointError, match="model_type 'mistral' is not supported"):
         load_target(tmp_path)

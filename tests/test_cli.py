@@ -10,7 +10,7 @@ import torch
 from cli_checks import one_line
 from dcoco.checkpoint import save_drafter, save_target
 from dcoco.cli import main
-from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.model.causal_lm import CausalLM
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.tokenizer import MASK, Tokenizer, save_tokenizer, train_tokenizer
 from factories import drafter_config, target_config
@@ -28,7 +28,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     save_tokenizer(train_tokenizer(TEXTS * 20, vocab_size=300), root / "target")
     vocab = Tokenizer.from_dir(root / "target").vocab_size
     torch.manual_seed(0)
-    target = Qwen3ForCausalLM(target_config(vocab=vocab)).eval()
+    target = CausalLM(target_config(vocab=vocab)).eval()
     save_target(target, root / "target")
     mask = Tokenizer.from_dir(root / "target").token_id(MASK)
     from dataclasses import replace

@@ -1,7 +1,7 @@
 import torch
 
 from dcoco.engine.engine import Engine
-from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
@@ -10,7 +10,7 @@ from factories import greedy_reference
 
 
 def test_the_training_path_sees_what_the_cached_engine_path_sees(
-    pair: tuple[Qwen3ForCausalLM, DFlashDrafter],
+    pair: tuple[CausalLM, DFlashDrafter],
 ) -> None:
     """Blocks computed in one teacher-forced pass equal the engine's cached, incremental ones."""
     target, drafter = pair

@@ -1,14 +1,14 @@
 import pytest
 
 from dcoco.engine.engine import Engine
-from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Rule
 from dcoco.shared.sampling import SamplingParams
 from dcoco.spec.drafter import DFlashDrafter
 from factories import greedy_reference, make_target
 
-Pair = tuple[Qwen3ForCausalLM, DFlashDrafter]
+Pair = tuple[CausalLM, DFlashDrafter]
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [3], [2] * 13, [7, 1], [9, 9, 4, 0, 2]]
 CONFIGS = [
     (Mode.VANILLA, Rule.PREFIX),

@@ -4,13 +4,13 @@ import torch
 from dcoco.engine.engine import Engine
 from dcoco.eval.coverage import Coverage, measure_coverage
 from dcoco.eval.runner import Measurement, compare_to_vanilla
-from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
 from dcoco.spec.drafter import DFlashDrafter
 
-Pair = tuple[Qwen3ForCausalLM, DFlashDrafter]
+Pair = tuple[CausalLM, DFlashDrafter]
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], [9, 3], [2, 2, 2, 2]]
 
 

@@ -7,7 +7,7 @@ import torch
 from scipy.stats import chisquare
 
 from dcoco.engine.engine import Engine
-from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
@@ -18,7 +18,7 @@ VOCAB, PROMPT, LENGTH, SAMPLES = 5, [1, 3, 0, 2], 3, 6000
 
 
 @torch.no_grad()
-def exact_distribution(target: Qwen3ForCausalLM, temperature: float, top_p: float) -> torch.Tensor:
+def exact_distribution(target: CausalLM, temperature: float, top_p: float) -> torch.Tensor:
     """P(first LENGTH tokens) [V**LENGTH], by enumerating every continuation."""
     paths = list(itertools.product(range(VOCAB), repeat=LENGTH))
     ids = torch.tensor([PROMPT + list(p) for p in paths])  # [V^L, P+L]
@@ -32,13 +32,18 @@ def exact_distribution(target: Qwen3ForCausalLM, temperature: float, top_p: floa
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("mode", "temperature", "top_p"),
-    [(Mode.DCOCO, 1.0, 1.0), (Mode.DCOCO, 0.8, 0.9), (Mode.DFLASH, 1.0, 1.0)],
+    ("mode", "temperature", "top_p", "family"),
+    [
+        (Mode.DCOCO, 1.0, 1.0, "qwen3"),
+        (Mode.DCOCO, 0.8, 0.9, "qwen3"),
+        (Mode.DFLASH, 1.0, 1.0, "qwen3"),
+        (Mode.DCOCO, 1.0, 1.0, "llama"),
+    ],
 )
 def test_first_tokens_follow_the_targets_distribution(
-    mode: Mode, temperature: float, top_p: float
+    mode: Mode, temperature: float, top_p: float, family: str
 ) -> None:
-    target = make_target(vocab=VOCAB, hidden=32, layers=3, seed=4)
+    target = make_target(vocab=VOCAB, hidden=32, layers=3, seed=4, family=family)
     with torch.no_grad():
         target.lm_head.weight.mul_(1.5)  # peaked enough that drafts are often accepted
     drafter = make_drafter(target, block=3, top_k=3)

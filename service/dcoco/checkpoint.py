@@ -1,4 +1,5 @@
-"""Reading and writing model folders: a Hugging Face Qwen3 target and a vLLM-format drafter.
+"""Reading and writing model folders: a Hugging Face Qwen3 or Llama target and a vLLM-format
+drafter.
 
 Every problem with a folder (missing file, bad JSON, unsupported config, missing or misshapen
 weights) raises CheckpointError naming the file and the problem.
@@ -13,11 +14,10 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from dcoco.model.causal_lm import CausalLM
 from dcoco.model.layers import TransformerConfig
-from dcoco.model.qwen3 import Qwen3ForCausalLM
 from dcoco.spec.drafter import DFlashDrafter, DrafterConfig
 
-TARGET_ARCHITECTURE = "Qwen3ForCausalLM"
 MASK_EMBEDDING_FILE = "mask_embedding.pt"
 
 
@@ -25,17 +25,18 @@ class CheckpointError(ValueError):
     pass
 
 
-def load_target(path: str | Path) -> Qwen3ForCausalLM:
+def load_target(path: str | Path) -> CausalLM:
     folder = Path(path)
     raw = read_config(folder)
-    if TARGET_ARCHITECTURE not in (raw.get("architectures") or [TARGET_ARCHITECTURE]):
-        raise CheckpointError(
-            f"{folder}: architectures {raw['architectures']} is not a Qwen3 target"
-        )
     try:
-        model = Qwen3ForCausalLM(TransformerConfig.from_hf(raw))
+        config = TransformerConfig.from_hf(raw)
     except ValueError as bad:
         raise CheckpointError(f"{folder / 'config.json'}: {bad}") from None
+    if raw.get("architectures", [config.architecture]) != [config.architecture]:
+        raise CheckpointError(
+            f"{folder}: architectures {raw['architectures']} is not [{config.architecture!r}]"
+        )
+    model = CausalLM(config)
     state = _read_weights(folder)
     if model.config.tie_word_embeddings:
         state.setdefault("lm_head.weight", state.get("model.embed_tokens.weight", torch.empty(0)))
@@ -43,13 +44,11 @@ def load_target(path: str | Path) -> Qwen3ForCausalLM:
     return model.eval()
 
 
-def save_target(
-    model: Qwen3ForCausalLM, path: str | Path, extra: dict[str, Any] | None = None
-) -> None:
+def save_target(model: CausalLM, path: str | Path, extra: dict[str, Any] | None = None) -> None:
     """Writes config.json and model.safetensors; `extra` adds config fields such as eos_token_id."""
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    raw = model.config.to_hf() | {"architectures": [TARGET_ARCHITECTURE]} | (extra or {})
+    raw = model.config.to_hf() | {"architectures": [model.config.architecture]} | (extra or {})
     (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
     state = model.state_dict()
     if model.config.tie_word_embeddings:

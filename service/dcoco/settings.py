@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from dcoco.paths import DEFAULT_DCOCO, DEFAULT_TARGET
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.errors import UsageError
-from dcoco.shared.options import Mode, Rule
+from dcoco.shared.options import Mode, Precision, Rule
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -94,6 +94,8 @@ class EngineSettings(BaseSettings):
     top_k: int | None = Field(None, ge=1)  # None: the corrector's K
     max_batch_size: int = Field(32, ge=1)  # concurrent sequences sharing each cycle
     max_model_len: int | None = Field(None, ge=16)  # None: the target's max_position_embeddings
+    # bf16: the fast mode (bf16 weights, activations and caches), not bit-exact; fp32: exact.
+    precision: Precision = Precision.BF16
 
     def engine_config(self, eos_token_ids: tuple[int, ...]) -> EngineConfig:
         """The one place settings become an engine configuration."""
@@ -106,6 +108,7 @@ class EngineSettings(BaseSettings):
             max_batch_size=self.max_batch_size,
             max_model_len=self.max_model_len,
             eos_token_ids=eos_token_ids,
+            precision=self.precision,
         )
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from dcoco.engine.engine import Engine
+from dcoco.model.causal_lm import CausalLM
 from dcoco.model.layers import TransformerConfig
-from dcoco.model.qwen3 import Qwen3ForCausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
@@ -43,9 +43,9 @@ def qwen3_shape(hidden: int, layers: int) -> TransformerConfig:
 
 def build(
     hidden: int, target_layers: int, block: int, top_k: int
-) -> tuple[Qwen3ForCausalLM, DFlashDrafter]:
+) -> tuple[CausalLM, DFlashDrafter]:
     torch.manual_seed(0)
-    target = Qwen3ForCausalLM(qwen3_shape(hidden, target_layers)).eval()
+    target = CausalLM(qwen3_shape(hidden, target_layers)).eval()
     drafter = DFlashDrafter(
         DrafterConfig(
             model=qwen3_shape(hidden, 2),

@@ -38,6 +38,12 @@ def configure(gen: argparse.ArgumentParser) -> None:
         help="concurrent sequences",
     )
     gen.add_argument("--max-model-len", type=positive_int, help="default: the target's limit")
+    gen.add_argument(
+        "--precision",
+        choices=["bf16", "fp32"],
+        help="bf16 (default): fast, not bit-exact; fp32: exact, greedy speculation reproduces "
+        "plain greedy decoding token for token",
+    )
 
 
 def run(args: argparse.Namespace) -> None:

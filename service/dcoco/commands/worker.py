@@ -18,6 +18,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rule", choices=["prefix", "global", "discounted"], help="DCOCO_RULE")
     parser.add_argument("--max-batch-size", type=positive_int, help="DCOCO_MAX_BATCH_SIZE")
     parser.add_argument("--max-model-len", type=positive_int, help="DCOCO_MAX_MODEL_LEN")
+    parser.add_argument("--precision", choices=["bf16", "fp32"], help="DCOCO_PRECISION")
     parser.add_argument("--metrics-port", type=int, help="DCOCO_METRICS_PORT (0: none)")
     parser.add_argument("--redis-url", help="DCOCO_REDIS_URL")
 

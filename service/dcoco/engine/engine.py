@@ -13,7 +13,7 @@ import torch
 from dcoco.engine.runner import ModelRunner
 from dcoco.engine.scheduler import Scheduler
 from dcoco.engine.sequence import Sequence
-from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
@@ -47,9 +47,7 @@ class Completion:
 
 
 class Engine:
-    def __init__(
-        self, target: Qwen3ForCausalLM, drafter: DFlashDrafter | None, cfg: EngineConfig
-    ) -> None:
+    def __init__(self, target: CausalLM, drafter: DFlashDrafter | None, cfg: EngineConfig) -> None:
         block, top_k = _check_models(target, drafter, cfg)
         limit = target.config.max_position_embeddings
         if cfg.max_model_len is not None and cfg.max_model_len > limit:
@@ -245,7 +243,7 @@ class Engine:
 
 
 def _check_models(
-    target: Qwen3ForCausalLM, drafter: DFlashDrafter | None, cfg: EngineConfig
+    target: CausalLM, drafter: DFlashDrafter | None, cfg: EngineConfig
 ) -> tuple[int, int]:
     """Validates the pairing; returns (B, K) for this engine, B = 0 in vanilla mode."""
     if cfg.mode is Mode.VANILLA:

@@ -10,11 +10,13 @@ import torch
 
 from dcoco.engine.kv_cache import CacheView, KVCache
 from dcoco.engine.sequence import Sequence
-from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
-from dcoco.shared.options import Mode
+from dcoco.shared.options import Mode, Precision
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.spec.select import Candidates, Selection, select
+
+DTYPES = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class ContextUpdate:
 class ModelRunner:
     def __init__(
         self,
-        target: Qwen3ForCausalLM,
+        target: CausalLM,
         drafter: DFlashDrafter | None,
         cfg: EngineConfig,
         max_model_len: int,
@@ -43,20 +45,35 @@ class ModelRunner:
     ) -> None:
         self.target, self.drafter, self.cfg = target, drafter, cfg
         self.block, self.top_k = block, top_k  # B and K
+        dtype = DTYPES[cfg.precision]
         capacity = max_model_len + block + 2  # a verify block past the end, plus scratch
         t = target.config
+        target.to(dtype)  # in place: the models belong to this engine from now on
         self.target_cache = KVCache(
-            t.num_hidden_layers, cfg.max_batch_size, t.num_key_value_heads, t.head_dim, capacity
+            t.num_hidden_layers,
+            cfg.max_batch_size,
+            t.num_key_value_heads,
+            t.head_dim,
+            capacity,
+            dtype,
         )
-        target.rotary.reserve(capacity)
+        target.rotary.reserve(capacity, dtype)
         self.feature_layers: tuple[int, ...] = ()
         self.drafter_cache: KVCache | None = None
         if drafter is not None:
             d = drafter.config.model
+            drafter.to(dtype)
+            if drafter.mask_embedding is not None:
+                drafter.mask_embedding = drafter.mask_embedding.to(dtype)
             self.drafter_cache = KVCache(
-                d.num_hidden_layers, cfg.max_batch_size, d.num_key_value_heads, d.head_dim, capacity
+                d.num_hidden_layers,
+                cfg.max_batch_size,
+                d.num_key_value_heads,
+                d.head_dim,
+                capacity,
+                dtype,
             )
-            drafter.rotary.reserve(capacity)
+            drafter.rotary.reserve(capacity, dtype)
             self.feature_layers = drafter.config.target_layer_ids
 
     def prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, ContextUpdate]:

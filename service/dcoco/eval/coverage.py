@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.model.causal_lm import CausalLM
 from dcoco.spec.drafter import DFlashDrafter, teacher_forced_blocks
 
 
@@ -67,7 +67,7 @@ class Coverage:
 
 @torch.no_grad()
 def measure_coverage(
-    target: Qwen3ForCausalLM,
+    target: CausalLM,
     drafter: DFlashDrafter,
     sequences: list[tuple[list[int], list[int]]],
     top_k: int,

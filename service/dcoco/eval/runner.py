@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from dcoco.engine.engine import Completion, Engine
-from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Rule
 from dcoco.shared.sampling import SamplingParams
@@ -84,7 +84,7 @@ class Measurement:
 
 @dataclass(frozen=True)
 class Models:
-    target: Qwen3ForCausalLM
+    target: CausalLM
     drafters: dict[str, DFlashDrafter]
     eos_token_ids: tuple[int, ...]
 

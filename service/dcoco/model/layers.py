@@ -1,8 +1,11 @@
-"""Qwen3 building blocks shared by the target and the DFlash drafter.
+"""Decoder building blocks shared by the target and the DFlash drafter.
 
 Both models are stacks of the same decoder layer. They differ only in where attention keys come
 from (a causal cache for the target; projected target features plus the block for the drafter)
 and in the mask, so attention takes its keys through a `KVSource` and its mask as an argument.
+
+Two families share these blocks: Qwen3 (RMS-normalised queries and keys per head) and Llama
+(no query/key norm). The drafter is always Qwen3, as vLLM's DFlash drafter is.
 """
 
 from collections.abc import Callable
@@ -18,9 +21,12 @@ from torch import nn
 KVSource = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}  # by model_type
+
+
 @dataclass(frozen=True)
 class TransformerConfig:
-    """The Qwen3 fields both models read from a Hugging Face `config.json`."""
+    """The fields both models read from a Hugging Face Qwen3 or Llama `config.json`."""
 
     vocab_size: int
     hidden_size: int
@@ -34,10 +40,24 @@ class TransformerConfig:
     max_position_embeddings: int = 4096
     attention_bias: bool = False
     tie_word_embeddings: bool = False
+    family: str = "qwen3"  # Hugging Face model_type: "qwen3" or "llama"
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.family == "qwen3"
+
+    @property
+    def architecture(self) -> str:
+        return ARCHITECTURES[self.family]
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any]) -> "TransformerConfig":
-        """Reads a Hugging Face Qwen3 config dict; unsupported features raise ValueError."""
+        """Reads a Hugging Face Qwen3 or Llama config; unsupported features raise ValueError."""
+        family = raw.get("model_type", "qwen3")
+        if family not in ARCHITECTURES:
+            raise ValueError(f"model_type {family!r} is not supported (qwen3 or llama)")
+        if raw.get("mlp_bias"):
+            raise ValueError("mlp_bias is not supported")
         if raw.get("rope_scaling") not in (None, {}):
             raise ValueError("rope_scaling is not supported")
         rope = raw.get("rope_parameters") or {}
@@ -62,14 +82,15 @@ class TransformerConfig:
                 max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
                 attention_bias=bool(raw.get("attention_bias", False)),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                family=family,
             )
         except KeyError as missing:
             raise ValueError(f"config.json lacks {missing.args[0]!r}") from None
 
     def to_hf(self) -> dict[str, Any]:
-        """The Hugging Face Qwen3 config fields, loadable by transformers and vLLM."""
+        """The Hugging Face config fields, loadable by transformers and vLLM."""
         return {
-            "model_type": "qwen3",
+            "model_type": self.family,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
@@ -85,7 +106,7 @@ class TransformerConfig:
             "hidden_act": "silu",
             "use_sliding_window": False,
             "torch_dtype": "float32",
-        }
+        } | ({} if self.qk_norm else {"mlp_bias": False})
 
 
 class RMSNorm(nn.Module):
@@ -98,6 +119,16 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)  # [..., dim]
 
 
+class NoNorm(nn.Module):
+    """Llama's place for Qwen3's query/key norm: the identity, with no weights."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x  # [..., dim]
+
+
 class Rotary:
     """Neox-style rotary tables indexed by absolute position.
 
@@ -106,16 +137,19 @@ class Rotary:
 
     def __init__(self, head_dim: int, theta: float, size: int) -> None:
         self.inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2).double() / head_dim)  # [D/2]
+        self.dtype = torch.float32  # the tables' dtype: the activations'
         self.cos = torch.empty(0, head_dim)  # [P, D]
         self.sin = torch.empty(0, head_dim)  # [P, D]
         self.reserve(size)
 
-    def reserve(self, size: int) -> None:
-        if size <= self.cos.shape[0]:
+    def reserve(self, size: int, dtype: torch.dtype | None = None) -> None:
+        """Sizes the tables for `size` positions, in `dtype` (default: the current one)."""
+        self.dtype = dtype or self.dtype
+        if size <= self.cos.shape[0] and self.cos.dtype == self.dtype:
             return
-        angles = torch.outer(torch.arange(size).double(), self.inv_freq)  # [P, D/2]
+        angles = torch.outer(torch.arange(max(size, self.cos.shape[0])).double(), self.inv_freq)
         angles = torch.cat([angles, angles], dim=-1)  # [P, D]
-        self.cos, self.sin = angles.cos().float(), angles.sin().float()  # [P, D] each
+        self.cos, self.sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)  # [P, D]
 
     def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [N, T] -> cos, sin [N, 1, T, D], ready to broadcast over heads."""
@@ -143,8 +177,9 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv_dim, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(q_dim, cfg.hidden_size, bias=cfg.attention_bias)
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        norm: type[nn.Module] = RMSNorm if cfg.qk_norm else NoNorm
+        self.q_norm = norm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = norm(self.head_dim, cfg.rms_norm_eps)
 
     def project_kv(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from dcoco.shared.options import Mode, Rule
+from dcoco.shared.options import Mode, Precision, Rule
 
 
 @dataclass(frozen=True)
@@ -16,6 +16,7 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt plus generated tokens; None: the target's limit
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)  # end a sequence on these
     seed: int = 0  # for sampled requests that bring no seed of their own
+    precision: Precision = Precision.FP32  # fp32 is exact; bf16 is faster where AMX exists
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:

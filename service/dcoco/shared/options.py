@@ -13,3 +13,10 @@ class Rule(StrEnum):
     PREFIX = "prefix"  # prefix-first walk: the paper's default
     GLOBAL = "global"  # Viterbi over the summed transition scores (ablation)
     DISCOUNTED = "discounted"  # Viterbi with slot p weighted by gamma**p (ablation)
+
+
+class Precision(StrEnum):
+    """Weights, activations and KV caches of an engine."""
+
+    FP32 = "fp32"  # the exact mode: greedy speculation reproduces plain greedy decoding
+    BF16 = "bf16"  # the fast mode; kernel shapes change rounding, so outputs may differ

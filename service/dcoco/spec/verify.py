@@ -40,7 +40,7 @@ def target_probs(
 
     Greedy rows (temperature 0) get a finite but meaningless distribution; callers mask them.
     """
-    scaled = logits / temperature.clamp(min=1e-5)[:, None, None]  # [R, T, V]
+    scaled = logits.float() / temperature.clamp(min=1e-5)[:, None, None]  # [R, T, V]
     probs = scaled.softmax(-1)  # [R, T, V]
     if bool((top_p < 1.0).any()):
         ordered, order = probs.sort(dim=-1, descending=True)  # [R, T, V] each

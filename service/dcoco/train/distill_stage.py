@@ -12,7 +12,7 @@ import torch
 from tqdm import tqdm
 
 from dcoco.engine.engine import Engine
-from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
@@ -40,7 +40,7 @@ def distill_prompts(
 
 @torch.no_grad()
 def generate_continuations(
-    target: Qwen3ForCausalLM, tokenizer: Tokenizer, prompts: list[list[int]], cfg: DistillConfig
+    target: CausalLM, tokenizer: Tokenizer, prompts: list[list[int]], cfg: DistillConfig
 ) -> Continuations:
     """Greedy continuations until the budget runs out; unfinished requests are dropped.
 

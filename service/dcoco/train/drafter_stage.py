@@ -11,7 +11,7 @@ from enum import StrEnum
 import torch
 from torch import nn
 
-from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.model.causal_lm import CausalLM
 from dcoco.spec.corrector import CorrectorConfig
 from dcoco.spec.drafter import DFlashDrafter, DrafterConfig, teacher_forced_blocks
 from dcoco.train.config import CorrectorTrainConfig, DrafterTrainConfig
@@ -33,10 +33,16 @@ class Phase(StrEnum):
 
 
 def new_drafter(
-    cfg: DrafterTrainConfig, target: Qwen3ForCausalLM, mask_token_id: int, seed: int
+    cfg: DrafterTrainConfig, target: CausalLM, mask_token_id: int, seed: int
 ) -> DFlashDrafter:
     torch.manual_seed(seed)
-    model = replace(target.config, num_hidden_layers=cfg.num_layers, tie_word_embeddings=False)
+    # The drafter is a Qwen3 stack whatever the target's family, as vLLM's DFlash drafter is.
+    model = replace(
+        target.config,
+        num_hidden_layers=cfg.num_layers,
+        tie_word_embeddings=False,
+        family="qwen3",
+    )
     drafter = DFlashDrafter(
         DrafterConfig(
             model=model,
@@ -68,7 +74,7 @@ def with_corrector(drafter: DFlashDrafter, cfg: CorrectorTrainConfig, seed: int)
 
 
 def target_features(
-    target: Qwen3ForCausalLM, tokens: torch.Tensor, layers: tuple[int, ...]
+    target: CausalLM, tokens: torch.Tensor, layers: tuple[int, ...]
 ) -> torch.Tensor:
     """The frozen target's features at every position of tokens [N, T]: [N, T, F]."""
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
@@ -119,7 +125,7 @@ def phase_optimizer(
 def train_drafter(
     phase: Phase,
     drafter: DFlashDrafter,
-    target: Qwen3ForCausalLM,
+    target: CausalLM,
     data: Continuations,
     dcfg: DrafterTrainConfig,
     ccfg: CorrectorTrainConfig,

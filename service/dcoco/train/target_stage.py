@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dcoco.model.causal_lm import CausalLM
 from dcoco.model.layers import TransformerConfig
-from dcoco.model.qwen3 import Qwen3ForCausalLM
 from dcoco.train.config import TargetConfig
 from dcoco.train.data import random_windows, tiled_windows
 from dcoco.train.loop import Budget, LoopResult, train_loop
@@ -45,7 +45,7 @@ def init_weights(model: nn.Module, num_layers: int) -> None:
         nn.init.normal_(param, 0.0, std)
 
 
-def lm_loss(model: Qwen3ForCausalLM, windows: torch.Tensor) -> torch.Tensor:
+def lm_loss(model: CausalLM, windows: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy over windows [N, T+1]."""
     inputs, labels = windows[:, :-1], windows[:, 1:]  # [N, T] each
     positions = torch.arange(inputs.shape[1]).expand_as(inputs)  # [N, T]
@@ -57,10 +57,10 @@ def lm_loss(model: Qwen3ForCausalLM, windows: torch.Tensor) -> torch.Tensor:
 
 def train_target(
     cfg: TargetConfig, vocab_size: int, stream: torch.Tensor, seed: int
-) -> tuple[Qwen3ForCausalLM, LoopResult]:
+) -> tuple[CausalLM, LoopResult]:
     """stream [L] token ids; returns the trained model in fp32 and the loop's record."""
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(target_config(cfg, vocab_size))
+    model = CausalLM(target_config(cfg, vocab_size))
     init_weights(model, cfg.num_layers)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -88,7 +88,7 @@ def train_target(
 
 
 @torch.no_grad()
-def heldout_loss(model: Qwen3ForCausalLM, stream: torch.Tensor, seq_len: int) -> float:
+def heldout_loss(model: CausalLM, stream: torch.Tensor, seq_len: int) -> float:
     """Mean next-token loss over consecutive windows of a held-out stream [L]."""
     windows = tiled_windows(stream, seq_len, HELDOUT_WINDOWS)  # [N, T+1]
     if len(windows) == 0:

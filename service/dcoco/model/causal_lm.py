@@ -1,4 +1,4 @@
-"""The target: a Qwen3 causal LM whose parameter names match Hugging Face's Qwen3ForCausalLM."""
+"""The target: a Qwen3 causal LM whose parameter names match Hugging Face's CausalLM."""
 
 import torch
 from torch import nn
@@ -6,7 +6,7 @@ from torch import nn
 from dcoco.model.layers import DecoderLayer, KVSource, RMSNorm, Rotary, TransformerConfig
 
 
-class Qwen3Backbone(nn.Module):
+class Backbone(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
@@ -14,11 +14,11 @@ class Qwen3Backbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
 
-class Qwen3ForCausalLM(nn.Module):
+class CausalLM(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.model = Qwen3Backbone(cfg)
+        self.model = Backbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
