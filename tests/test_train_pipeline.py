@@ -127,3 +127,46 @@ def test_the_training_loop_stops_when_its_budget_is_spent() -> None:
     assert 2 <= result.steps <= 8
     assert time.perf_counter() - started < 1.0
     assert optimizer.param_groups[0]["lr"] == 0.1  # the peak is restored for a later phase
+
+
+def test_a_pretrained_target_skips_its_stages_and_keeps_features(
+    smoke: Path, tmp_path: Path
+) -> None:
+    """The SmolLM2 recipe at smoke size, on the smoke run's target as the "pretrained" one:
+    ShareGPT prompts for prose, features kept from generation, only drafters exported."""
+    from dataclasses import replace
+
+    from dcoco.train.config import SMOKE
+    from dcoco.train.data import Continuations
+    from dcoco.train.pipeline import run_pipeline
+    from dcoco.train.stages import CONTINUATIONS
+
+    target_dir = smoke / "out" / "target"
+    cfg = replace(
+        SMOKE,
+        target_path=str(target_dir),
+        corpus=replace(SMOKE.corpus, chat_prompts=40),
+        distill=replace(SMOKE.distill, keep_features=True),
+    )
+    manifest = run_pipeline(cfg, tmp_path / "work", tmp_path / "out")
+    assert list(manifest["stages"]) == ["corpus", "distill", "dflash", "dcoco", "dcoco-frozen"]
+    assert not (tmp_path / "out" / "target").exists()
+    chat = (tmp_path / "work" / "corpus" / "prose.train.jsonl").read_text().splitlines()
+    assert chat and all(json.loads(line)["key"].startswith("sharegpt:") for line in chat)
+    data = Continuations.load(tmp_path / "work" / "distill" / CONTINUATIONS)
+    assert data.features is not None
+    assert data.feature_layers == cfg.drafter.target_layer_ids
+    target = load_target(target_dir)
+    rows = torch.arange(3)  # [3]
+    width = int(data.lengths[rows].max())
+    kept = data.batch_features(rows, width)  # [3, T, F]
+    with torch.no_grad():
+        positions = torch.arange(width).expand(3, width)  # [3, T]
+        _, direct = target(data.tokens[rows, :width], positions, feature_layers=data.feature_layers)
+    assert direct is not None
+    for row in range(3):
+        known = int(data.lengths[row]) - 1
+        torch.testing.assert_close(kept[row, :known], direct[row, :known], rtol=1e-4, atol=1e-4)
+        assert not kept[row, known:].any()
+    for name in ("dflash", "dcoco", "dcoco-frozen"):
+        assert load_drafter(tmp_path / "out" / name).config.target_layer_ids == (0, 1)

@@ -1,10 +1,11 @@
-"""Train the embedded default model pair: corpus, tokenizer, target, DFlash and DCOCO drafters."""
+"""Train an embedded model pair: the default (corpus, tokenizer, target, drafters) or SmolLM2's
+drafters."""
 
 import argparse
 from pathlib import Path
 
 from dcoco.commands.args import positive_int
-from dcoco.paths import DEFAULT_MODELS, REPO_ROOT
+from dcoco.paths import DEFAULT_MODELS, REPO_ROOT, SMOLLM2_MODELS
 from dcoco.shared.errors import UsageError
 
 STAGES = ("corpus", "tokenizer", "target", "distill", "dflash", "dcoco", "dcoco-frozen")
@@ -23,20 +24,21 @@ def positive_float(text: str) -> float:
 def configure(train: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--preset",
-        choices=["default", "smoke"],
+        choices=["default", "smollm2", "smoke"],
         default="default",
-        help="default: the shipped models (about 55 min on 2 cores); smoke: seconds, for tests",
+        help="default: the 4.2M pair (about 55 min on 2 cores); smollm2: drafters for "
+        "SmolLM2-135M-Instruct (about 2 hours); smoke: seconds, for tests",
     )
     train.add_argument(
         "--out",
         type=Path,
-        help="where the exported models go; default (preset default only): models/default",
+        help="where the exported models go; default: models/default or models/smollm2",
     )
     train.add_argument(
         "--work",
         type=Path,
         help="stage outputs; a rerun resumes from the first stage that is not up to date; "
-        "default (preset default only): build/train-default",
+        "default: build/train-default or build/train-smollm2",
     )
     train.add_argument(
         "--rerun", nargs="+", choices=STAGES, default=[], help="stages to run again anyway"
@@ -51,13 +53,16 @@ def configure(train: argparse.ArgumentParser) -> None:
     )
 
 
+SHIPPED = {"default": DEFAULT_MODELS, "smollm2": SMOLLM2_MODELS}
+
+
 def run(args: argparse.Namespace) -> None:
-    defaults = {"out": DEFAULT_MODELS, "work": REPO_ROOT / "build" / "train-default"}
-    for name, default in defaults.items():
+    for name in ("out", "work"):
         if getattr(args, name) is None:
-            if args.preset != "default":  # never overwrite the shipped models with a small run
+            if args.preset not in SHIPPED:  # never overwrite shipped models with a small run
                 raise UsageError(f"--preset {args.preset} needs --out and --work")
-            setattr(args, name, default)
+            default = SHIPPED[args.preset] if name == "out" else None
+            setattr(args, name, default or REPO_ROOT / "build" / f"train-{args.preset}")
     for name in ("out", "work"):
         path: Path = getattr(args, name)
         if path.exists() and not path.is_dir():

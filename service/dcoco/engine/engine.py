@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from dcoco.engine.runner import ModelRunner
+from dcoco.engine.runner import ContextUpdate, ModelRunner
 from dcoco.engine.scheduler import Scheduler
 from dcoco.engine.sequence import Sequence
 from dcoco.model.causal_lm import CausalLM
@@ -29,6 +29,8 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None
     stats: SpecStats  # the request's speculation so far (a shallow copy)
+    # With cfg.feature_layers: [T, F] target features of the positions this step processed.
+    features: torch.Tensor | None = None
 
 
 @dataclass
@@ -136,22 +138,29 @@ class Engine:
         logits, context = self.runner.prefill(seqs)  # [N, V]
         self.runner.extend_context(context)
         first = self._sample(seqs, logits).tolist()  # [N]
-        for seq, token in zip(seqs, first, strict=True):
+        for row, (seq, token) in enumerate(zip(seqs, first, strict=True)):
             seq.num_cached = len(seq.prompt_ids)
-            self._emit(seq, [token], result)
+            self._emit(seq, [token], result, self._features(context, row, seq.num_cached))
 
     def _decode(self, seqs: list[Sequence], result: StepResult) -> CycleStats:
         start = time.perf_counter()
-        tokens = self._sample(seqs, self.runner.decode(seqs)).tolist()  # [N]
+        logits, context = self.runner.decode(seqs)  # [N, V]
+        tokens = self._sample(seqs, logits).tolist()  # [N]
         elapsed = time.perf_counter() - start
         cycle = CycleStats(
             seconds={"draft": 0.0, "correct": 0.0, "verify": elapsed, "total": elapsed}
         )
-        for seq, token in zip(seqs, tokens, strict=True):
+        for row, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
             seq.num_cached += 1
             self._record(seq, SpecStats(verifications=1, seconds=cycle.seconds), cycle, 1)
-            self._emit(seq, [token], result)
+            self._emit(seq, [token], result, self._features(context, row, 1))
         return cycle
+
+    def _features(self, context: ContextUpdate, row: int, count: int) -> torch.Tensor | None:
+        """The first `count` positions' features of one row, when the config asks for them."""
+        if not self.cfg.feature_layers:
+            return None
+        return context.features[row, :count].clone()  # [count, F]
 
     def _speculate(self, seqs: list[Sequence], result: StepResult) -> CycleStats:
         t0 = time.perf_counter()
@@ -200,7 +209,13 @@ class Engine:
         cycle.add(replace(row, seconds={}))
         cycle.accepted_lengths.append(accepted_length)
 
-    def _emit(self, seq: Sequence, tokens: list[int], result: StepResult) -> None:
+    def _emit(
+        self,
+        seq: Sequence,
+        tokens: list[int],
+        result: StepResult,
+        features: torch.Tensor | None = None,
+    ) -> None:
         kept = seq.append(tokens)
         result.outputs.append(
             RequestOutput(
@@ -209,6 +224,7 @@ class Engine:
                 seq.finished,
                 seq.finish_reason,
                 copy.copy(seq.stats),
+                features,
             )
         )
 

@@ -58,7 +58,7 @@ class ModelRunner:
             dtype,
         )
         target.rotary.reserve(capacity, dtype)
-        self.feature_layers: tuple[int, ...] = ()
+        self.feature_layers: tuple[int, ...] = cfg.feature_layers
         self.drafter_cache: KVCache | None = None
         if drafter is not None:
             d = drafter.config.model
@@ -93,14 +93,14 @@ class ModelRunner:
         last = hidden[torch.arange(len(seqs)), lengths - 1]  # [N, H]
         return self.target.logits(last), self._context(view, feats)  # [N, V]
 
-    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
+    def decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, ContextUpdate]:
         """Vanilla step: the pending token of each sequence -> next-token logits [N, V]."""
         ids = torch.tensor([[s.last_token] for s in seqs])  # [N, 1]
         positions = torch.tensor([[s.num_cached] for s in seqs])  # [N, 1]
         length = max(s.num_cached for s in seqs) + 1
         view = CacheView.build([s.slot for s in seqs], positions, positions, length)
-        hidden, _ = self._target(ids, view)  # [N, 1, H]
-        return self.target.logits(hidden[:, 0])  # [N, V]
+        hidden, feats = self._target(ids, view)  # [N, 1, H], [N, 1, F]
+        return self.target.logits(hidden[:, 0]), self._context(view, feats)  # [N, V]
 
     def draft(self, seqs: list[Sequence]) -> Draft:
         """One drafter pass over [pending token, B masks] for each sequence."""

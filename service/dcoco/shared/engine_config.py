@@ -17,6 +17,9 @@ class EngineConfig:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)  # end a sequence on these
     seed: int = 0  # for sampled requests that bring no seed of their own
     precision: Precision = Precision.FP32  # fp32 is exact; bf16 is faster where AMX exists
+    # Vanilla mode only: target layers whose outputs every step hands back with its tokens,
+    # the features a drafter learns from (training data); empty when serving.
+    feature_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -29,3 +32,5 @@ class EngineConfig:
             raise ValueError("top_k must be at least 1")
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError("gamma must be in (0, 1]")
+        if self.feature_layers and self.mode is not Mode.VANILLA:
+            raise ValueError("feature_layers is for vanilla mode (a drafter reads its own)")

@@ -1,9 +1,12 @@
 """Hyperparameters of every stage, with the reason for each default beside it.
 
-`DEFAULT` is what `make train-default` runs and what shipped in `models/default`; `SMOKE` is
-the same pipeline shrunk to seconds, for tests. Each stage's budget is wall-clock seconds: a
-training stage anneals its learning rate against max(steps done / max_steps, time used /
-budget), so it finishes on time on a slow or busy machine and stops early on a fast one.
+`DEFAULT` is what `make train-default` runs and what shipped in `models/default`; `SMOLLM2`
+is what `make train-smollm2` runs for the pretrained SmolLM2-135M-Instruct target and shipped in
+`models/smollm2`; `SMOKE` is the default pipeline shrunk to seconds, for tests.
+
+Each stage's budget is wall-clock seconds: a training stage anneals its learning rate against
+max(steps done / max_steps, time used / budget), so it finishes on time on a slow or busy
+machine and stops early on a fast one.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -16,6 +19,9 @@ class CorpusConfig:
     math_problems: int = 30_000  # ~2.5M tokens; the templates saturate well before that
     max_files: int = 100_000  # every stdlib file (~560); small runs take the first few
     max_chars: int = 2_400  # a longer function no longer fits the 512-token window
+    # > 0: the prose domain is this many ShareGPT first turns (prompts only: a pretrained
+    # target answers them) instead of standard-library docstrings.
+    chat_prompts: int = 0
     budget_s: float = 180.0
 
 
@@ -52,6 +58,10 @@ class DistillConfig:
     max_new_tokens: int = 128  # what evaluation generates too
     batch_size: int = 256  # below ~256 the engine is overhead-bound on CPU
     corrector_share: float = 0.25  # kept away from the drafter for the corrector stages
+    precision: str = "fp32"  # what inference runs; bf16 for a target whose step it speeds up
+    # Keep the target's features (at the drafter's target_layer_ids) computed while generating,
+    # so that the drafter stages need no target pass: worth it when the target is large.
+    keep_features: bool = False
     budget_s: float = 360.0
 
 
@@ -65,6 +75,9 @@ class DrafterTrainConfig:
     lr: float = 2e-3  # ~1.7M parameters and ~1k steps: a fast rate, clipped at norm 1
     warmup_steps: int = 50
     depth_decay: float = 7.0  # slot p weighs exp(-p / 7): deep slots rarely get verified
+    # > 0: the training softmax ranges over this many most frequent answer tokens (the lm_head
+    # dominates a step's cost for large vocabularies); 0: the whole vocabulary.
+    train_vocab: int = 0
     max_steps: int = 100_000  # time decides
     budget_s: float = 720.0
 
@@ -91,6 +104,10 @@ class CorrectorTrainConfig:
 class PipelineConfig:
     seed: int = 0
     threads: int = 2  # the machine's cores
+    # A pretrained target folder, relative to the repository: no tokenizer or target stage,
+    # and only drafters are exported. None trains the target from scratch.
+    target_path: str | None = None
+    mask_token: str = "<|mask|>"  # the reserved special token the drafter's slots start from
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     target: TargetConfig = field(default_factory=TargetConfig)
@@ -157,4 +174,50 @@ SMOKE = PipelineConfig(
     heldout_prompts=8,
 )
 
-PRESETS = {"default": DEFAULT, "smoke": SMOKE}
+# SmolLM2-135M-Instruct (30 layers, hidden 576, vocabulary 49,152), about 2 hours on 2 cores.
+# Its step is bound by reading 135M weights, so the drafter can afford 2 layers; a verify pass
+# costs about a step in bf16, so the data is generated, and the drafter trained, in bf16.
+SMOLLM2 = PipelineConfig(
+    target_path="models/smollm2/target",
+    mask_token="<empty_output>",  # a notebook marker a chat model never writes
+    corpus=CorpusConfig(
+        math_problems=6_000,  # templated: a few thousand teach the drafter the pattern
+        chat_prompts=9_000,  # every usable first turn of the packaged ShareGPT file
+        test_percent=3.0,
+        budget_s=300.0,
+    ),
+    distill=DistillConfig(
+        max_prompts=12_000,
+        max_prompt_tokens=256,
+        max_new_tokens=256,  # answers of a chat model run longer than the 4M target's
+        batch_size=64,
+        corrector_share=0.25,
+        precision="bf16",
+        keep_features=True,
+        budget_s=2_700.0,
+    ),
+    drafter=DrafterTrainConfig(
+        num_layers=2,
+        target_layer_ids=(1, 15, 28),  # shallow, middle and deep, as DFlash spreads them
+        block_size=15,
+        batch_size=8,
+        anchors=24,
+        lr=1e-3,
+        warmup_steps=30,
+        train_vocab=8_192,  # a sixth of the vocabulary; the answers' most frequent tokens
+        budget_s=2_400.0,
+    ),
+    corrector=CorrectorTrainConfig(
+        rep_dim=64,
+        pair_dim=64,
+        mlp_dim=32,
+        batch_size=8,
+        anchors=24,
+        warmup_steps=20,
+        joint_budget_s=1_200.0,
+        frozen_budget_s=600.0,
+    ),
+    heldout_prompts=64,
+)
+
+PRESETS = {"default": DEFAULT, "smollm2": SMOLLM2, "smoke": SMOKE}

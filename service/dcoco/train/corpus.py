@@ -36,13 +36,15 @@ def is_held_out(key: str, test_percent: float, seed: int) -> bool:
 
 
 def split(records: Iterable[Record], test_percent: float, seed: int) -> dict[str, list[Record]]:
-    """Deduplicates by (domain, answer) and splits by key into {"train": ..., "test": ...}."""
+    """Deduplicates by (domain, answer), or by the request when there is no answer yet, and
+    splits by key into {"train": ..., "test": ...}."""
     seen: set[tuple[str, str]] = set()
     out: dict[str, list[Record]] = {name: [] for name in SPLITS}
     for record in records:
-        if (record.domain, record.assistant) in seen:
+        identity = (record.domain, record.assistant or record.user)
+        if identity in seen:
             continue
-        seen.add((record.domain, record.assistant))
+        seen.add(identity)
         out["test" if is_held_out(record.key, test_percent, seed) else "train"].append(record)
     return out
 

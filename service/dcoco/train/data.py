@@ -49,28 +49,58 @@ def tiled_windows(stream: torch.Tensor, length: int, limit: int) -> torch.Tensor
 
 @dataclass(frozen=True)
 class Continuations:
-    """The target's own greedy continuations of training prompts."""
+    """The target's own greedy continuations of training prompts.
+
+    With `features`, the target's features at every position but a row's last one, computed
+    while generating, so that training needs no target pass: row s's positions are rows
+    offsets[s] .. offsets[s] + lengths[s] - 2 of the flat table.
+    """
 
     tokens: torch.Tensor  # [S, T] prompt then continuation, padded with <|endoftext|>
     prompt_lens: torch.Tensor  # [S]
     lengths: torch.Tensor  # [S] prompt plus continuation
+    features: torch.Tensor | None = None  # [P, F], P = sum(lengths - 1)
+    offsets: torch.Tensor | None = None  # [S] where each row's features start
+    feature_layers: tuple[int, ...] = ()  # the target layers they come from
 
     def save(self, path: Path) -> None:
         torch.save(
-            {"tokens": self.tokens, "prompt_lens": self.prompt_lens, "lengths": self.lengths},
+            {
+                "tokens": self.tokens,
+                "prompt_lens": self.prompt_lens,
+                "lengths": self.lengths,
+                "features": self.features,
+                "offsets": self.offsets,
+                "feature_layers": list(self.feature_layers),
+            },
             path,
         )
 
     @classmethod
     def load(cls, path: Path) -> "Continuations":
-        raw = torch.load(path, weights_only=True)
-        return cls(raw["tokens"], raw["prompt_lens"], raw["lengths"])
+        raw = torch.load(path, weights_only=True, mmap=True)
+        return cls(
+            raw["tokens"],
+            raw["prompt_lens"],
+            raw["lengths"],
+            raw.get("features"),
+            raw.get("offsets"),
+            tuple(raw.get("feature_layers", ())),
+        )
 
     def __len__(self) -> int:
         return len(self.lengths)
 
     def subset(self, rows: torch.Tensor) -> "Continuations":
-        return Continuations(self.tokens[rows], self.prompt_lens[rows], self.lengths[rows])
+        offsets = None if self.offsets is None else self.offsets[rows]  # [S']
+        return Continuations(
+            self.tokens[rows],
+            self.prompt_lens[rows],
+            self.lengths[rows],
+            self.features,
+            offsets,
+            self.feature_layers,
+        )
 
     def batch(
         self, rows: torch.Tensor, anchors: int, block: int, generator: torch.Generator
@@ -92,3 +122,15 @@ class Continuations:
         gathered = tokens.gather(1, targets.clamp(max=width - 1).view(len(rows), -1))  # [N, A*B]
         labels = torch.where(valid, gathered.view_as(targets), -100)  # [N, A, B]
         return tokens, starts, labels
+
+    def batch_features(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """The kept features of rows [N], zero past each row's end: [N, width, F]."""
+        assert self.features is not None
+        assert self.offsets is not None
+        known = (self.lengths[rows] - 1).unsqueeze(1)  # [N, 1]
+        positions = torch.arange(width)  # [T]
+        index = self.offsets[rows].unsqueeze(1) + positions  # [N, T]
+        inside = positions < known  # [N, T]
+        index = torch.where(inside, index, self.offsets[rows].unsqueeze(1))  # [N, T]
+        feats = self.features[index]  # [N, T, F]
+        return feats * inside.unsqueeze(-1)  # [N, T, F]

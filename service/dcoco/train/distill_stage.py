@@ -1,8 +1,9 @@
 """Stage 4: the target's own greedy continuations of training prompts, for self-distillation.
 
 Drafters learn what the verifier will actually check: its greedy choices after its own
-greedy prefix, which real text stops matching a few tokens in. The engine generates them in
-fp32 (what inference runs), in one continuously refilled batch of a few hundred sequences.
+greedy prefix, which real text stops matching a few tokens in. The engine generates them in the
+precision inference runs, in one continuously refilled batch, and can keep the target features
+it computes on the way, which spares the drafter stages a pass of a large target.
 """
 
 import random
@@ -14,7 +15,7 @@ from tqdm import tqdm
 from dcoco.engine.engine import Engine
 from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
-from dcoco.shared.options import Mode
+from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams
 from dcoco.tokenizer import END_OF_TEXT, Tokenizer
 from dcoco.train.config import DistillConfig
@@ -40,13 +41,15 @@ def distill_prompts(
 
 @torch.no_grad()
 def generate_continuations(
-    target: CausalLM, tokenizer: Tokenizer, prompts: list[list[int]], cfg: DistillConfig
+    target: CausalLM,
+    tokenizer: Tokenizer,
+    prompts: list[list[int]],
+    cfg: DistillConfig,
+    feature_layers: tuple[int, ...] = (),
 ) -> Continuations:
-    """Greedy continuations until the budget runs out; unfinished requests are dropped.
-
-    Sequences whose continuation has fewer than 2 tokens are dropped too: they hold no block
-    with a label.
-    """
+    """Greedy continuations until the budget runs out; unfinished requests are dropped, and so
+    are those whose continuation has fewer than 2 tokens (no block with a label). With
+    `feature_layers`, the target's features at those layers are kept too."""
     engine = Engine(
         target,
         None,
@@ -55,22 +58,30 @@ def generate_continuations(
             max_batch_size=cfg.batch_size,
             max_model_len=cfg.max_prompt_tokens + cfg.max_new_tokens,
             eos_token_ids=tokenizer.eos_token_ids,
+            precision=Precision(cfg.precision),
+            feature_layers=feature_layers,
         ),
     )
     params = SamplingParams(max_tokens=cfg.max_new_tokens)
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), prompt, params)
     outputs: dict[int, list[int]] = {}
+    features: dict[int, list[torch.Tensor]] = {}
     finished: list[int] = []
     deadline = time.perf_counter() + cfg.budget_s
     with tqdm(total=len(prompts), desc="distill", unit="seq") as bar:
         while engine.has_unfinished() and time.perf_counter() < deadline:
             for out in engine.step().outputs:
-                outputs.setdefault(int(out.request_id), []).extend(out.new_token_ids)
+                request = int(out.request_id)
+                outputs.setdefault(request, []).extend(out.new_token_ids)
+                if out.features is not None:
+                    features.setdefault(request, []).append(out.features)
                 if out.finished:
-                    finished.append(int(out.request_id))
+                    finished.append(request)
                     bar.update(1)
     kept = sorted(i for i in finished if len(outputs[i]) >= 2)
+    for i in set(features) - set(kept):
+        del features[i]
     width = cfg.max_prompt_tokens + cfg.max_new_tokens
     pad = tokenizer.token_id(END_OF_TEXT)
     tokens = torch.full((len(kept), width), pad, dtype=torch.int64)  # [S, T]
@@ -79,4 +90,8 @@ def generate_continuations(
         tokens[row, : len(sequence)] = torch.tensor(sequence)  # [len]
     prompt_lens = torch.tensor([len(prompts[i]) for i in kept])  # [S]
     lengths = torch.tensor([len(prompts[i]) + len(outputs[i]) for i in kept])  # [S]
-    return Continuations(tokens, prompt_lens, lengths)
+    if not feature_layers:
+        return Continuations(tokens, prompt_lens, lengths)
+    table = torch.cat([torch.cat(features.pop(i)) for i in kept])  # [P, F], P = sum(lengths-1)
+    offsets = torch.cumsum(lengths - 1, 0) - (lengths - 1)  # [S]
+    return Continuations(tokens, prompt_lens, lengths, table, offsets, feature_layers)

@@ -1,8 +1,8 @@
 """Stages 5-7: the DFlash drafter, then DCOCO jointly from it, and DCOCO with it frozen.
 
-All three are teacher-forced: one frozen target pass gives the features of every position,
-and `teacher_forced_blocks` drafts many blocks per sequence in one drafter pass, exactly as
-the engine's cached path would (a test proves the two equal).
+All three are teacher-forced: the target's features at every position (kept from generation,
+or one frozen target pass), and `teacher_forced_blocks` drafts many blocks per sequence in one
+drafter pass, exactly as the engine's cached path would (a test proves the two equal).
 """
 
 from dataclasses import dataclass, replace
@@ -24,6 +24,7 @@ from dcoco.train.losses import (
     pair_targets,
 )
 from dcoco.train.target_stage import INIT_STD
+from dcoco.train.vocab import TrainVocab
 
 
 class Phase(StrEnum):
@@ -145,21 +146,38 @@ def train_drafter(
     generator = torch.Generator().manual_seed(seed)
     drafter.train()
 
+    layers = drafter.config.target_layer_ids
+    if data.features is not None and data.feature_layers != layers:
+        raise ValueError(f"the data keeps layers {data.feature_layers}, the drafter reads {layers}")
+    vocab_size = target.config.vocab_size
+    vocab = (
+        TrainVocab.frequent(data, vocab_size, dcfg.train_vocab)
+        if dcfg.train_vocab
+        else TrainVocab.full(vocab_size)
+    )
+
     def step() -> dict[str, torch.Tensor]:
         rows = torch.randint(0, len(data), (settings.batch_size,), generator=generator)  # [N]
         tokens, starts, labels = data.batch(rows, settings.anchors, block, generator)
-        feats = target_features(target, tokens, drafter.config.target_layer_ids)  # [N, T, F]
+        if data.features is None:
+            feats = target_features(target, tokens, layers)  # [N, T, F]
+        else:
+            feats = data.batch_features(rows, tokens.shape[1]).float()  # [N, T, F]
         drafter.mask_embedding = mask.view(-1)  # [H], re-read after every optimizer step
         with (
             torch.set_grad_enabled(phase is not Phase.FROZEN),
             torch.autocast("cpu", dtype=torch.bfloat16),
         ):
             hidden = teacher_forced_blocks(drafter, embed, feats, tokens, starts)  # [N, A, B, H]
-            logits = target.logits(hidden)  # [N, A, B, V]
-        losses = {"block": block_cross_entropy(logits, labels, dcfg.depth_decay)}
+            logits = vocab.logits(hidden, target.lm_head.weight)  # [N, A, B, Vs]
+        losses = {"block": block_cross_entropy(logits, vocab.labels(labels), dcfg.depth_decay)}
         if corrector is not None:
             ids, scores = corrector_scores(
-                corrector, hidden.float().flatten(0, 1), logits.float().flatten(0, 1), embed.weight
+                corrector,
+                hidden.float().flatten(0, 1),
+                logits.float().flatten(0, 1),
+                embed.weight,
+                vocab.ids,
             )  # [R, B, K], [R, B-1, K, K] with R = N*A
             targets = pair_targets(ids, labels.flatten(0, 1))  # labels [R, B]
             losses["correct"] = correction_loss(scores, targets, ccfg.correction_decay)

@@ -73,11 +73,17 @@ def correction_loss(scores: torch.Tensor, targets: PairTargets, decay: float) ->
 
 
 def corrector_scores(
-    corrector: Corrector, hidden: torch.Tensor, logits: torch.Tensor, embed_weight: torch.Tensor
+    corrector: Corrector,
+    hidden: torch.Tensor,
+    logits: torch.Tensor,
+    embed_weight: torch.Tensor,
+    vocab_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The engine's correction step with gradients: hidden [R, B, H], logits [R, B, V] ->
-    candidate ids [R, B, K] and scores [R, B-1, K, K]. The ids are picked without gradient;
-    the candidates' logits carry it back into the drafter."""
-    ids = Candidates.top_k(logits.detach(), corrector.config.top_k).ids  # [R, B, K]
-    cand_logits = logits.gather(-1, ids)  # [R, B, K]
+    """The engine's correction step with gradients: hidden [R, B, H], logits [R, B, V'] ->
+    candidate token ids [R, B, K] and scores [R, B-1, K, K]. The candidates are picked without
+    gradient; their logits carry it back into the drafter. `vocab_ids` [V'] maps the logits'
+    columns to token ids when they range over part of the vocabulary."""
+    places = Candidates.top_k(logits.detach(), corrector.config.top_k).ids  # [R, B, K]
+    cand_logits = logits.gather(-1, places)  # [R, B, K]
+    ids = places if vocab_ids is None else vocab_ids[places]  # [R, B, K]
     return ids, corrector(hidden, ids, cand_logits, embed_weight)  # [R, B-1, K, K]

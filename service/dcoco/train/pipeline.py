@@ -37,17 +37,35 @@ def _drafter(phase: Phase) -> StageFn:
     return lambda cfg, work, out: build_drafter(cfg, work, out, phase)
 
 
+Stage = tuple[str, StageFn, Callable[[PipelineConfig], Any], str | None]
+
+
+def _distill_settings(c: PipelineConfig) -> Any:
+    """Kept features come from the drafter's target layers; a pretrained target is named."""
+    layers = c.drafter.target_layer_ids if c.distill.keep_features else ()
+    return (asdict(c.distill), layers, c.target_path)
+
+
 # name, function, what its fingerprint covers, the stage before it
-STAGES: tuple[tuple[str, StageFn, Callable[[PipelineConfig], Any], str | None], ...] = (
+STAGES: tuple[Stage, ...] = (
     ("corpus", build_corpus, lambda c: (c.seed, asdict(c.corpus)), None),
     ("tokenizer", build_tokenizer, lambda c: asdict(c.tokenizer), "corpus"),
     ("target", build_target, lambda c: asdict(c.target), "tokenizer"),
-    ("distill", build_distill, lambda c: asdict(c.distill), "target"),
-    ("dflash", _drafter(Phase.DFLASH), lambda c: asdict(c.drafter), "distill"),
+    ("distill", build_distill, _distill_settings, "target"),
+    ("dflash", _drafter(Phase.DFLASH), lambda c: (asdict(c.drafter), c.mask_token), "distill"),
     ("dcoco", _drafter(Phase.JOINT), lambda c: asdict(c.corrector), "dflash"),
     ("dcoco-frozen", _drafter(Phase.FROZEN), lambda c: asdict(c.corrector), "dflash"),
 )
 STAGE_NAMES = tuple(name for name, *_ in STAGES)
+TRAINS_A_TARGET = ("tokenizer", "target")
+
+
+def stages(cfg: PipelineConfig) -> tuple[Stage, ...]:
+    """All stages, or without the target's own when the target is pretrained."""
+    if not cfg.target_path:
+        return STAGES
+    kept = tuple(s for s in STAGES if s[0] not in TRAINS_A_TARGET)
+    return tuple((n, f, k, "corpus" if b in TRAINS_A_TARGET else b) for n, f, k, b in kept)
 
 
 def budgets(cfg: PipelineConfig) -> dict[str, float]:
@@ -85,33 +103,33 @@ def run_pipeline(
     torch.set_num_threads(cfg.threads)
     limits = budgets(cfg)
     prints: dict[str, str] = {}
-    stages: dict[str, Any] = {}
+    done: dict[str, Any] = {}
     started = time.perf_counter()
-    for name, build, settings, before in STAGES:
+    for name, build, settings, before in stages(cfg):
         prints[name] = fingerprint(settings(cfg), prints[before] if before else None)
         folder = work / name
         marker = read_marker(folder)
         if marker and marker.get("fingerprint") == prints[name] and name not in rerun:
             print(f"[{name}] up to date ({marker['seconds']:.0f} s when it ran)", flush=True)
-            stages[name] = marker
+            done[name] = marker
             continue
-        rerun = rerun + tuple(n for n, *_, b in STAGES if b == name)  # dependants run again
+        rerun = rerun + tuple(n for n, *_, b in stages(cfg) if b == name)  # dependants rerun
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
         print(f"[{name}] running, budget {limits[name]:.0f} s", flush=True)
         t0 = time.perf_counter()
         facts = build(cfg, work, folder)
-        stages[name] = {
+        done[name] = {
             "fingerprint": prints[name],
             "seconds": round(time.perf_counter() - t0, 1),
             "budget_s": limits[name],
             "facts": facts,
         }
-        (folder / MARKER).write_text(json.dumps(stages[name], indent=2) + "\n")
-        print(f"[{name}] done in {stages[name]['seconds']:.0f} s: {facts}", flush=True)
+        (folder / MARKER).write_text(json.dumps(done[name], indent=2) + "\n")
+        print(f"[{name}] done in {done[name]['seconds']:.0f} s: {facts}", flush=True)
     manifest = {
         "config": cfg.to_dict(),
-        "stages": stages,
+        "stages": done,
         "this_run_seconds": round(time.perf_counter() - started, 1),
     }
     export(cfg, work, dest, manifest)

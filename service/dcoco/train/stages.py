@@ -14,9 +14,11 @@ import numpy as np
 import torch
 
 from dcoco.checkpoint import load_drafter, load_target, save_drafter, save_target
-from dcoco.tokenizer import END_OF_TEXT, IM_END, MASK, Tokenizer, save_tokenizer, train_tokenizer
+from dcoco.paths import REPO_ROOT
+from dcoco.tokenizer import END_OF_TEXT, IM_END, Tokenizer, save_tokenizer, train_tokenizer
 from dcoco.train.config import PipelineConfig
 from dcoco.train.corpus import DOMAINS, corpus_file, iter_split, read_records, split, write_records
+from dcoco.train.corpus_chat import chat_records, sharegpt_file
 from dcoco.train.corpus_code import records_from_file, stdlib_files
 from dcoco.train.corpus_math import math_records
 from dcoco.train.data import Continuations, encode_stream
@@ -28,17 +30,25 @@ CONTINUATIONS = "continuations.pt"
 Facts = dict[str, Any]
 
 
+def target_dir(cfg: PipelineConfig, work: Path) -> Path:
+    """The target every later stage reads: the pretrained one, or the one stage 3 trained."""
+    return REPO_ROOT / cfg.target_path if cfg.target_path else work / "target"
+
+
 def build_corpus(cfg: PipelineConfig, work: Path, out: Path) -> Facts:
     c = cfg.corpus
     root = Path(sysconfig.get_paths()["stdlib"])
     rng = random.Random(cfg.seed)
     records = list(math_records(c.math_problems, cfg.seed))
+    if c.chat_prompts:
+        records += chat_records(sharegpt_file(), c.chat_prompts)
     deadline, truncated = time.perf_counter() + c.budget_s, False
     for path in stdlib_files(root)[: c.max_files]:
         if time.perf_counter() > deadline:
             truncated = True
             break
-        records += records_from_file(path, root, c.max_chars, rng)
+        found = records_from_file(path, root, c.max_chars, rng)
+        records += [r for r in found if not c.chat_prompts or r.domain != "prose"]
     parts = split(records, c.test_percent, cfg.seed)
     counts: Facts = {"truncated_by_budget": truncated}
     for domain in DOMAINS:
@@ -89,11 +99,12 @@ def special_ids(tokenizer: Tokenizer) -> dict[str, Any]:
 
 
 def build_distill(cfg: PipelineConfig, work: Path, out: Path) -> Facts:
-    tokenizer = Tokenizer.from_dir(work / "target")
-    target = load_target(work / "target")
+    tokenizer = Tokenizer.from_dir(target_dir(cfg, work))
+    target = load_target(target_dir(cfg, work))
     train = list(iter_split(work / "corpus", "train"))
     prompts = distill_prompts(tokenizer, train, cfg.distill, cfg.seed)
-    data = generate_continuations(target, tokenizer, prompts, cfg.distill)
+    layers = cfg.drafter.target_layer_ids if cfg.distill.keep_features else ()
+    data = generate_continuations(target, tokenizer, prompts, cfg.distill, layers)
     out.mkdir(parents=True, exist_ok=True)
     data.save(out / CONTINUATIONS)
     generated = int((data.lengths - data.prompt_lens).sum())
@@ -108,8 +119,8 @@ def split_continuations(cfg: PipelineConfig, work: Path) -> tuple[Continuations,
 
 
 def build_drafter(cfg: PipelineConfig, work: Path, out: Path, phase: Phase) -> Facts:
-    target = load_target(work / "target")
-    mask_id = Tokenizer.from_dir(work / "target").token_id(MASK)
+    target = load_target(target_dir(cfg, work))
+    mask_id = Tokenizer.from_dir(target_dir(cfg, work)).token_id(cfg.mask_token)
     drafter_data, corrector_data = split_continuations(cfg, work)
     if phase is Phase.DFLASH:
         drafter, data = new_drafter(cfg.drafter, target, mask_id, cfg.seed), drafter_data
@@ -127,12 +138,16 @@ def build_drafter(cfg: PipelineConfig, work: Path, out: Path, phase: Phase) -> F
 
 
 def export(cfg: PipelineConfig, work: Path, dest: Path, manifest: Facts) -> None:
-    """The shipped folders: weights in bf16 (the loader casts to fp32), held-out prompts."""
-    tokenizer = Tokenizer.from_dir(work / "target")
-    save_target(
-        load_target(work / "target").to(torch.bfloat16), dest / "target", special_ids(tokenizer)
-    )
-    save_tokenizer(tokenizer.inner, dest / "target")
+    """The shipped folders: weights in bf16 (the loader casts to fp32), held-out prompts. A
+    pretrained target is not exported: `make setup` prepares it where the drafters expect it."""
+    if not cfg.target_path:
+        tokenizer = Tokenizer.from_dir(work / "target")
+        save_target(
+            load_target(work / "target").to(torch.bfloat16),
+            dest / "target",
+            special_ids(tokenizer),
+        )
+        save_tokenizer(tokenizer.inner, dest / "target")
     for name in (Phase.DFLASH, Phase.JOINT, Phase.FROZEN):
         drafter = load_drafter(work / name.value)
         mask = drafter.mask_embedding
@@ -141,7 +156,10 @@ def export(cfg: PipelineConfig, work: Path, dest: Path, manifest: Facts) -> None
         save_drafter(drafter, dest / name.value)
     for domain in DOMAINS:
         test = read_records(corpus_file(work / "corpus", domain, "test"))[: cfg.heldout_prompts]
-        lines = [json.dumps({"prompt": r.user, "reference": r.assistant}) for r in test]
+        lines = [
+            json.dumps({"prompt": r.user} | ({"reference": r.assistant} if r.assistant else {}))
+            for r in test
+        ]
         (dest / "heldout").mkdir(parents=True, exist_ok=True)
         (dest / "heldout" / f"{domain}.jsonl").write_text("".join(f"{line}\n" for line in lines))
     (dest / "training.json").write_text(json.dumps(manifest, indent=2) + "\n")
