@@ -96,6 +96,9 @@ class EngineSettings(BaseSettings):
     max_model_len: int | None = Field(None, ge=16)  # None: the target's max_position_embeddings
     # bf16: the fast mode (bf16 weights, activations and caches), not bit-exact; fp32: exact.
     precision: Precision = Precision.BF16
+    # Verify, each cycle, the prefix of the draft that maximises expected tokens per second,
+    # from measured acceptance per slot and measured verify cost; False: always all B.
+    adaptive: bool = False
 
     def engine_config(self, eos_token_ids: tuple[int, ...]) -> EngineConfig:
         """The one place settings become an engine configuration."""
@@ -109,6 +112,7 @@ class EngineSettings(BaseSettings):
             max_model_len=self.max_model_len,
             eos_token_ids=eos_token_ids,
             precision=self.precision,
+            adaptive=self.adaptive,
         )
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from dcoco.engine.planner import VerifyPlanner
 from dcoco.engine.runner import ContextUpdate, ModelRunner
 from dcoco.engine.scheduler import Scheduler
 from dcoco.engine.sequence import Sequence
@@ -62,6 +63,7 @@ class Engine:
         self.block = block  # B, 0 in vanilla mode
         self.runner = ModelRunner(target, drafter, cfg, self.max_model_len, block, top_k)
         self.scheduler = Scheduler(cfg.max_batch_size)
+        self.planner = VerifyPlanner(block) if cfg.adaptive and block else None
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self._ids: set[str] = set()
 
@@ -143,8 +145,10 @@ class Engine:
             self._emit(seq, [token], result, self._features(context, row, seq.num_cached))
 
     def _decode(self, seqs: list[Sequence], result: StepResult) -> CycleStats:
+        """One plain step: vanilla mode, or a speculative cycle that verifies nothing."""
         start = time.perf_counter()
         logits, context = self.runner.decode(seqs)  # [N, V]
+        self.runner.extend_context(context)  # the drafter's context, when there is a drafter
         tokens = self._sample(seqs, logits).tolist()  # [N]
         elapsed = time.perf_counter() - start
         cycle = CycleStats(
@@ -163,15 +167,21 @@ class Engine:
         return context.features[row, :count].clone()  # [count, F]
 
     def _speculate(self, seqs: list[Sequence], result: StepResult) -> CycleStats:
+        k = self._plan(seqs)
+        if k == 0:
+            cycle = self._decode(seqs, result)
+            self._observe(seqs, 0, [0] * len(seqs), 0.0, cycle.seconds["total"])
+            return cycle
         t0 = time.perf_counter()
         draft = self.runner.draft(seqs)
         t1 = time.perf_counter()
         selection = self.runner.correct(draft)
         t2 = time.perf_counter()
-        logits, context = self.runner.verify(seqs, selection.tokens)  # [N, B+1, V]
+        drafted = selection.tokens[:, :k]  # [N, k]: a prefix of a draft is a draft
+        logits, context = self.runner.verify(seqs, drafted)  # [N, k+1, V]
         temperature, top_p = self._params(seqs)
-        uniforms = self._uniforms(seqs, self.block + 1)  # [N, B+1] or None
-        verdict = verify(logits, selection.tokens, temperature, top_p, uniforms)
+        uniforms = self._uniforms(seqs, k + 1)  # [N, k+1] or None
+        verdict = verify(logits, drafted, temperature, top_p, uniforms)
         t3 = time.perf_counter()
         self.runner.extend_context(context)
         t4 = time.perf_counter()
@@ -184,15 +194,17 @@ class Engine:
         cycle = CycleStats(seconds=seconds)
         is_accepted = torch.arange(self.block) < verdict.accepted.unsqueeze(1)  # [N, B]
         corrected = selection.index != 0  # [N, B]
+        corrected[:, k:] = False  # unverified slots are not drafted tokens
         per_row = torch.stack(
             [verdict.accepted, corrected.sum(1), (corrected & is_accepted).sum(1)], dim=1
         ).tolist()  # [N, 3]
+        self._observe(seqs, k, [row[0] for row in per_row], t2 - t0 + t4 - t3, t3 - t2)
         rows = zip(seqs, per_row, is_accepted.tolist(), verdict.tokens.tolist(), strict=True)
         for seq, (accepted, fixed, rescued), positions, tokens in rows:
             seq.num_cached += accepted + 1
             row = SpecStats(
                 verifications=1,
-                draft_tokens=self.block,
+                draft_tokens=k,
                 accepted_tokens=accepted,
                 accepted_per_position=[int(p) for p in positions],
                 corrected_tokens=fixed,
@@ -202,6 +214,20 @@ class Engine:
             self._record(seq, row, cycle, accepted + 1)
             self._emit(seq, tokens[: accepted + 1], result)
         return cycle
+
+    def _plan(self, seqs: list[Sequence]) -> int:
+        """How many drafted tokens this cycle verifies: all B unless adaptive. A cycle with a
+        seeded sampled request verifies all B, so that its replay on another worker, which must
+        reproduce it exactly, draws the same randomness."""
+        if self.planner is None or any(s.generator is not None for s in seqs):
+            return self.block
+        return self.planner.choose(len(seqs))
+
+    def _observe(
+        self, seqs: list[Sequence], k: int, accepted: list[int], fixed_s: float, verify_s: float
+    ) -> None:
+        if self.planner is not None:
+            self.planner.observe(len(seqs), k, accepted, fixed_s, verify_s)
 
     @staticmethod
     def _record(seq: Sequence, row: SpecStats, cycle: CycleStats, accepted_length: int) -> None:

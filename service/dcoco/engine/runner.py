@@ -133,8 +133,8 @@ class ModelRunner:
     def verify(
         self, seqs: list[Sequence], draft: torch.Tensor
     ) -> tuple[torch.Tensor, ContextUpdate]:
-        """The target over [pending token, draft [N, B]] -> logits [N, B+1, V]."""
-        view = self._block_view(seqs, causal=True)
+        """The target over [pending token, draft [N, k]] -> logits [N, k+1, V], k <= B."""
+        view = self._block_view(seqs, causal=True, width=draft.shape[1] + 1)
         last = torch.tensor([[s.last_token] for s in seqs])  # [N, 1]
         hidden, feats = self._target(torch.cat([last, draft], dim=1), view)  # [N, B+1, H]
         return self.target.logits(hidden), self._context(view, feats)  # [N, B+1, V]
@@ -162,11 +162,12 @@ class ModelRunner:
         empty = torch.empty(*view.positions.shape, 0)  # [N, T, 0]: vanilla has no drafter
         return ContextUpdate(view=view, features=feats if feats is not None else empty)
 
-    def _block_view(self, seqs: list[Sequence], causal: bool) -> CacheView:
-        """Positions num_cached..num_cached+B for each row; causal for the target's verify,
-        the whole block visible for the drafter."""
+    def _block_view(self, seqs: list[Sequence], causal: bool, width: int = 0) -> CacheView:
+        """Positions num_cached..num_cached+width-1 for each row (width B+1 by default);
+        causal for the target's verify, the whole block visible for the drafter."""
+        width = width or self.block + 1
         start = torch.tensor([s.num_cached for s in seqs]).unsqueeze(1)  # [N, 1]
-        positions = start + torch.arange(self.block + 1)  # [N, B+1]
-        limits = positions if causal else (start + self.block).expand_as(positions)  # [N, B+1]
-        length = max(s.num_cached for s in seqs) + self.block + 1
+        positions = start + torch.arange(width)  # [N, W]
+        limits = positions if causal else (start + width - 1).expand_as(positions)  # [N, W]
+        length = max(s.num_cached for s in seqs) + width
         return CacheView.build([s.slot for s in seqs], positions, limits, length)

@@ -20,6 +20,9 @@ class EngineConfig:
     # Vanilla mode only: target layers whose outputs every step hands back with its tokens,
     # the features a drafter learns from (training data); empty when serving.
     feature_layers: tuple[int, ...] = ()
+    # Verify, each cycle, the prefix of the draft that maximises expected tokens per second
+    # (see dcoco.engine.planner); False verifies all B drafted tokens, for fixed-B comparisons.
+    adaptive: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:

@@ -1,0 +1,99 @@
+"""Adaptive verification: how many of the drafted tokens a cycle verifies.
+
+A cycle drafts all B slots in one pass, then verifies a prefix of k of them (0 <= k <= B). A
+prefix of a draft is a draft, so any k is lossless. The planner picks the k that maximises the
+expected committed tokens per second of the whole batch:
+
+    rate(k) = n * (1 + sum_{p < k} s_p) / (fixed(n) * [k > 0] + verify(n, k))
+
+- s_p, the chance that slots 0..p are all accepted, is the product of per-slot conditional
+  acceptance rates, each a running estimate over the verifications that reached that slot.
+- verify(n, k) = a + b * n * (k + 1): one target pass over k + 1 tokens for each of n rows,
+  fitted by least squares over recent cycles; fixed(n) = c + d * n is drafting and correction,
+  fitted likewise. k = 0 is a plain decoding step that skips the drafter.
+
+On a small machine a wide batch makes verification expensive, so k shrinks as load grows. Every
+EXPLORE_EVERY-th cycle verifies the whole block anyway, so the estimates for deep slots, and the
+cost fit, keep learning. The estimates are per engine, one model.
+"""
+
+from dataclasses import dataclass, field
+
+DECAY = 0.98  # weight of the past per observation: estimates follow the last ~50 cycles
+EXPLORE_EVERY = 16
+PRIOR_TRIALS = 4.0  # each slot starts at a 50% acceptance rate worth this many verifications
+
+
+@dataclass
+class LineFit:
+    """Least squares y = a + b * x with exponential forgetting."""
+
+    weight: float = 0.0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.weight = DECAY * self.weight + 1.0
+        self.x = DECAY * self.x + x
+        self.y = DECAY * self.y + y
+        self.xx = DECAY * self.xx + x * x
+        self.xy = DECAY * self.xy + x * y
+
+    def __call__(self, x: float) -> float:
+        """The fitted y at x; a line through the origin until the x seen differ."""
+        if self.weight == 0.0:
+            return 0.0
+        spread = self.weight * self.xx - self.x * self.x
+        if spread <= 1e-9 * max(1.0, self.xx * self.weight):
+            return self.y / self.x * x if self.x else self.y / self.weight
+        slope = max(0.0, (self.weight * self.xy - self.x * self.y) / spread)
+        intercept = max(0.0, (self.y - slope * self.x) / self.weight)
+        return intercept + slope * x
+
+
+@dataclass
+class VerifyPlanner:
+    block: int  # B
+    hits: list[float] = field(default_factory=list)  # per slot, decayed accepted counts
+    trials: list[float] = field(default_factory=list)  # per slot, decayed verified counts
+    verify_cost: LineFit = field(default_factory=LineFit)  # seconds against n * (k + 1)
+    fixed_cost: LineFit = field(default_factory=LineFit)  # seconds against n
+    cycles: int = 0
+
+    def __post_init__(self) -> None:
+        self.hits = [PRIOR_TRIALS / 2] * self.block
+        self.trials = [PRIOR_TRIALS] * self.block
+
+    def choose(self, rows: int, exploring_allowed: bool = True) -> int:
+        """k for the next cycle of `rows` sequences."""
+        self.cycles += 1
+        if self.verify_cost.weight == 0.0 or (
+            exploring_allowed and self.cycles % EXPLORE_EVERY == 0
+        ):
+            return self.block
+        survive, expected, best_k, best_rate = 1.0, 1.0, 0, 0.0
+        for k in range(self.block + 1):
+            if k:
+                survive *= self.hits[k - 1] / self.trials[k - 1]
+                expected += survive
+            cost = self.verify_cost(rows * (k + 1)) + (self.fixed_cost(rows) if k else 0.0)
+            rate = rows * expected / max(cost, 1e-9)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k
+
+    def observe(
+        self, rows: int, k: int, accepted: list[int], fixed_s: float, verify_s: float
+    ) -> None:
+        """One cycle: k verified per row, `accepted` drafted tokens kept per row, the seconds
+        spent drafting and correcting (0 when k is 0) and verifying."""
+        for p in range(k):
+            reached = sum(1 for a in accepted if a >= p)  # rows whose slots 0..p-1 held
+            kept = sum(1 for a in accepted if a > p)
+            self.trials[p] = DECAY * self.trials[p] + reached
+            self.hits[p] = DECAY * self.hits[p] + kept
+        self.verify_cost.add(rows * (k + 1), verify_s)
+        if k:
+            self.fixed_cost.add(rows, fixed_s)

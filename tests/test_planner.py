@@ -1,0 +1,74 @@
+"""Adaptive verification: the planner's choices on known costs and acceptance, and the engine
+staying lossless whatever prefix it verifies."""
+
+import pytest
+
+from dcoco.engine.engine import Engine
+from dcoco.engine.planner import EXPLORE_EVERY, LineFit, VerifyPlanner
+from dcoco.model.causal_lm import CausalLM
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode
+from dcoco.shared.sampling import SamplingParams
+from dcoco.spec.drafter import DFlashDrafter
+from factories import greedy_reference, make_drafter
+
+Pair = tuple[CausalLM, DFlashDrafter]
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11], [3], [2] * 13, [7, 1], [9, 9, 4, 0, 2]]
+
+
+def trained(planner: VerifyPlanner, rows: int, accepted: int, seconds_per_token: float) -> None:
+    """Feeds cycles where every row accepts `accepted` of the block, verifying costs a fixed
+    0.01 s plus `seconds_per_token` for each token verified."""
+    for k in (planner.block, 1, planner.block // 2) * 20:
+        cost = 0.01 + seconds_per_token * rows * (k + 1)
+        planner.observe(rows, k, [min(accepted, k)] * rows, 0.002, cost)
+
+
+def test_a_line_fit_recovers_intercept_and_slope() -> None:
+    fit = LineFit()
+    for x in (1, 5, 9, 2, 7) * 10:
+        fit.add(x, 3.0 + 0.5 * x)
+    assert fit(4) == pytest.approx(5.0)
+    assert fit(0) == pytest.approx(3.0)
+
+
+def test_cheap_verification_and_high_acceptance_verify_the_whole_block() -> None:
+    planner = VerifyPlanner(block=8)
+    trained(planner, rows=1, accepted=8, seconds_per_token=1e-4)
+    planner.cycles = 1  # not an exploration cycle
+    assert planner.choose(1) == 8
+
+
+def test_expensive_verification_and_low_acceptance_fall_back_to_plain_decoding() -> None:
+    planner = VerifyPlanner(block=8)
+    trained(planner, rows=32, accepted=0, seconds_per_token=1e-3)
+    planner.cycles = 1
+    assert planner.choose(32) == 0
+
+
+def test_a_short_accepted_prefix_verifies_a_short_prefix() -> None:
+    planner = VerifyPlanner(block=8)
+    trained(planner, rows=16, accepted=2, seconds_per_token=5e-4)
+    planner.cycles = 1
+    assert 1 <= planner.choose(16) <= 4
+
+
+def test_every_so_often_it_verifies_the_whole_block_to_keep_learning() -> None:
+    planner = VerifyPlanner(block=8)
+    trained(planner, rows=32, accepted=0, seconds_per_token=1e-3)
+    planner.cycles = EXPLORE_EVERY - 1
+    assert planner.choose(32) == 8
+
+
+def test_adaptive_greedy_output_is_token_for_token_the_targets(pair: Pair) -> None:
+    target = pair[0]
+    untrained = make_drafter(target, block=4, top_k=4)  # rarely right: k drops to 0 at times
+    for drafter in (pair[1], untrained):
+        cfg = EngineConfig(mode=Mode.DCOCO, max_batch_size=6, max_model_len=96, adaptive=True)
+        completions, cycles = Engine(target, drafter, cfg).generate(
+            PROMPTS, SamplingParams(max_tokens=40)
+        )
+        for completion, prompt in zip(completions, PROMPTS, strict=True):
+            assert completion.token_ids == greedy_reference(target, prompt, 40)
+        verified = {c.draft_tokens // max(1, c.verifications) for c in cycles}
+        assert len(verified) > 1, verified  # it really chose different prefixes
