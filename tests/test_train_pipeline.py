@@ -152,7 +152,8 @@ def test_a_pretrained_target_skips_its_stages_and_keeps_features(
     assert list(manifest["stages"]) == ["corpus", "distill", "dflash", "dcoco", "dcoco-frozen"]
     assert not (tmp_path / "out" / "target").exists()
     chat = (tmp_path / "work" / "corpus" / "prose.train.jsonl").read_text().splitlines()
-    assert chat and all(json.loads(line)["key"].startswith("sharegpt:") for line in chat)
+    assert chat
+    assert all(json.loads(line)["key"].startswith("sharegpt:") for line in chat)
     data = Continuations.load(tmp_path / "work" / "distill" / CONTINUATIONS)
     assert data.features is not None
     assert data.feature_layers == cfg.drafter.target_layer_ids
