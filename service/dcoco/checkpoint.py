@@ -59,8 +59,9 @@ def save_target(
 
 def load_drafter(path: str | Path) -> DFlashDrafter:
     folder = Path(path)
+    raw = read_config(folder)
     try:
-        cfg = DrafterConfig.from_hf(read_config(folder))
+        cfg = DrafterConfig.from_hf(raw)
     except ValueError as bad:
         raise CheckpointError(f"{folder / 'config.json'}: {bad}") from None
     drafter = DFlashDrafter(cfg)

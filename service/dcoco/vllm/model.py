@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import torch
-from vllm.config import VllmConfig, get_current_vllm_config
+from vllm.config import VllmConfig
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM, DFlashQwen3Model
 
 from dcoco.spec.corrector import Corrector, CorrectorConfig
@@ -57,7 +57,7 @@ class DCOCODraftModel(DFlashQwen3ForCausalLM):
             corrector_cfg = CorrectorConfig(**raw["dcoco_config"])
         except (KeyError, TypeError) as bad:
             raise ValueError(f"bad or missing dcoco_config: {bad}") from None
-        corrector = Corrector(corrector_cfg, hidden, hidden).float()
+        corrector = Corrector(corrector_cfg, hidden, hidden)
         served = vllm_config.model_config.served_model_name
         name = served[0] if isinstance(served, list) else str(served)
         log = os.environ.get(DRAFT_LOG_ENV)
@@ -90,19 +90,16 @@ class DCOCODraftModel(DFlashQwen3ForCausalLM):
                 f"{sorted(expected - set(ours))[:4]}, unexpected {sorted(set(ours) - expected)[:4]}"
             )
         corrector.load_state_dict({k: v.float() for k, v in ours.items()})
-        corrector.to(self.lm_head.weight.device).eval()
+        # The drafter's own device and dtype, so the corrector reads its tensors uncast.
+        corrector.to(device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype).eval()
 
     def compute_candidates(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Slot states [N, H] -> top-K ids and logits [N, K] each (the V2 speculator's input)."""
         logits = self.compute_logits(hidden_states)  # [N, V]
-        values, ids = logits.float().topk(self.dcoco.selection.top_k, dim=-1)  # [N, K] each
+        values, ids = logits.topk(self.dcoco.selection.top_k, dim=-1)  # [N, K] each
         return ids, values
 
     def embed_weight(self) -> torch.Tensor:
         """The target's input embedding [V, E] (vLLM shares it into the drafter at load)."""
         return self.model.embed_tokens.weight
 
-
-def current_served_name() -> str:
-    served = get_current_vllm_config().model_config.served_model_name
-    return served[0] if isinstance(served, list) else str(served)

@@ -87,10 +87,8 @@ class DCOCORuntime:
         Slot 0 keeps the drafter's top-1 under every rule but global, which may pick another
         start; prefix-first is the default."""
         start = time.perf_counter()
-        cands = Candidates.top_k(logits.float(), self.selection.top_k)  # [R, B, K] each
-        scores = self.corrector(
-            hidden.float(), cands.ids, cands.logits, embed_weight.float()
-        )  # [R, B-1, K, K]
+        cands = Candidates.top_k(logits, self.selection.top_k)  # [R, B, K] each
+        scores = self.corrector(hidden, cands.ids, cands.logits, embed_weight)  # [R, B-1, K, K]
         chosen = select(self.selection.rule, scores, cands, self.selection.gamma)
         self.latest = (chosen.index != 0).cpu()  # [R, B]
         self.times.correct += time.perf_counter() - start
