@@ -15,6 +15,10 @@ def build_engine_client(settings: WorkerSettings, tokenizer: Tokenizer) -> Engin
 
         ids = tokenizer.encode(INSTANT_ANSWER)
         return InstantEngineClient(settings.max_model_len or 2048, settings.max_batch_size, ids)
+    if settings.engine == "vllm":
+        from dcoco.vllm.client import VllmEngineClient
+
+        return VllmEngineClient(settings, tokenizer.eos_token_ids)
     from dcoco.engine.client import TorchEngineClient
     from dcoco.engine.load import load_engine
 
