@@ -68,7 +68,8 @@ def test_chat_completion_with_usage(client: openai.OpenAI, models: dict[str, Pat
     assert details is not None
     drafted = (details.accepted_prediction_tokens or 0) + (details.rejected_prediction_tokens or 0)
     assert drafted > 0
-    assert drafted % 4 == 0
+    block = json.loads((models["dcoco"] / "config.json").read_text())["block_size"]
+    assert drafted % block == 0
 
 
 def test_streaming_matches_the_complete_answer(client: openai.OpenAI) -> None:
