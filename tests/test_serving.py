@@ -328,7 +328,7 @@ def counter(values: dict[str, float], name: str) -> float:
 def test_metrics_agree_with_the_engine(
     stack: Stack, client: openai.OpenAI, models: dict[str, Path]
 ) -> None:
-    """The acceptance the counters report equals what the same engine computes in-process."""
+    """The acceptance the counters report equals what the torch engine computes in-process."""
     prompts = [f"def f{i}(x):" for i in range(6)]
     before = worker_metrics(stack)
     replies = [

@@ -165,7 +165,8 @@ refused(lambda: hooks.install(V1()))
     done = run_python(code)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith(("REFUSED", "ACCEPT"))]
-    assert len(lines) == 4 and all(line.startswith("REFUSED") for line in lines), lines
+    assert len(lines) == 4, done.stdout
+    assert all(line.startswith("REFUSED") for line in lines), lines
     assert "found vLLM 0.31.2" in lines[0]
     assert "found vLLM 0.34.0" in lines[1]
     assert "exactly one architecture" in lines[2]

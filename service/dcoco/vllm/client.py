@@ -82,7 +82,9 @@ class VllmEngineClient:
         self._failure: BaseException | None = None
         try:
             kwargs = engine_kwargs(settings, self.scratch)
-            self.metrics_dir = Path(os.environ.setdefault(MULTIPROC_ENV, str(self.scratch / "prom")))
+            self.metrics_dir = Path(
+                os.environ.setdefault(MULTIPROC_ENV, str(self.scratch / "prom"))
+            )
             self.metrics_dir.mkdir(parents=True, exist_ok=True)
             # Spawned, not forked: the children import prometheus_client afresh and so write
             # their series to the folder; this process, threads and all, is never forked.

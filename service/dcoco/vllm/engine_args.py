@@ -81,11 +81,13 @@ def engine_kwargs(settings: WorkerSettings, scratch: Path) -> dict[str, Any]:
         raise ValueError(f"DCOCO_VLLM_ARGS: vLLM has no engine argument {', '.join(unknown)}")
     clash = sorted(set(settings.vllm_args) & set(OWNED))
     if clash:
-        raise ValueError(
-            f"DCOCO_VLLM_ARGS may not set {clash[0]}; use {OWNED[clash[0]]} instead"
-        )
+        raise ValueError(f"DCOCO_VLLM_ARGS may not set {clash[0]}; use {OWNED[clash[0]]} instead")
     drafter = prepare_drafter(settings, scratch)
+    config = read_config(settings.target)
     kwargs: dict[str, Any] = {
+        # The checkpoint's own precision: vLLM's "auto" would run a float32 checkpoint in half
+        # precision, and greedy output would no longer be the target's own.
+        "dtype": config.get("torch_dtype") or config.get("dtype") or "auto",
         "model": str(settings.target),
         "tokenizer": str(settings.target),
         "served_model_name": settings.model_name,

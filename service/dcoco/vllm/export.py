@@ -39,7 +39,9 @@ class ExportOptions:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
 
 
-def export_drafter(source: Path, out: Path, options: ExportOptions, overwrite: bool = False) -> None:
+def export_drafter(
+    source: Path, out: Path, options: ExportOptions, overwrite: bool = False
+) -> None:
     """Raises CheckpointError for a bad source and ValueError for options it cannot honour."""
     drafter = load_drafter(source)
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -54,7 +56,9 @@ def export_drafter(source: Path, out: Path, options: ExportOptions, overwrite: b
         raise CheckpointError(f"{source}: a DFlash drafter has no corrector to export as DCOCO")
     top_k = options.top_k or corrector.top_k
     if top_k > corrector.top_k:
-        raise ValueError(f"top_k {top_k} exceeds the {corrector.top_k} the corrector was trained on")
+        raise ValueError(
+            f"top_k {top_k} exceeds the {corrector.top_k} the corrector was trained on"
+        )
     if drafter.config.block_size < 2:
         raise ValueError("DCOCO needs a block of at least 2 slots")
     _clear(out)

@@ -8,7 +8,8 @@ empty folder. vLLM's own `vllm:spec_decode_*` counters cover drafts and acceptan
 PromQL (all series carry `model`, vLLM's served model name):
 
     share of drafted tokens the walk corrected:
-        rate(dcoco_spec_corrected_tokens_total[5m]) / rate(vllm:spec_decode_num_draft_tokens_total[5m])
+        rate(dcoco_spec_corrected_tokens_total[5m])
+          / rate(vllm:spec_decode_num_draft_tokens_total[5m])
     share of corrected tokens the target accepted:
         rate(dcoco_spec_corrected_accepted_tokens_total[5m])
           / rate(dcoco_spec_corrected_tokens_total[5m])

@@ -102,4 +102,3 @@ class DCOCODraftModel(DFlashQwen3ForCausalLM):
     def embed_weight(self) -> torch.Tensor:
         """The target's input embedding [V, E] (vLLM shares it into the drafter at load)."""
         return self.model.embed_tokens.weight
-

@@ -24,7 +24,11 @@ COUNTERS = {
 
 
 def speculative_config(drafter: Path, num_speculative_tokens: int) -> dict[str, Any]:
-    return {"method": "dflash", "model": str(drafter), "num_speculative_tokens": num_speculative_tokens}
+    return {
+        "method": "dflash",
+        "model": str(drafter),
+        "num_speculative_tokens": num_speculative_tokens,
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

@@ -42,7 +42,8 @@ class DCOCOSpeculator(DFlash2Speculator):
         with torch.inference_mode():
             # Builds the corrector's whole-vocabulary token table now, outside any CUDA graph;
             # a graph replay then only gathers from it.
-            model.dcoco.corrector.token_rep(torch.zeros(1, dtype=torch.long, device=embed.device), embed)
+            probe = torch.zeros(1, dtype=torch.long, device=embed.device)  # [1]
+            model.dcoco.corrector.token_rep(probe, embed)
         return model
 
     def _score_candidates(
