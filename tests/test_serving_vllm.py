@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from stack import Stack, fetch
+from stack import Stack, fetch, wait_for
 from test_serving import (  # noqa: F401  (collected here with this module's fixtures)
     client,
     test_32_concurrent_streams_match_single_requests,
@@ -74,7 +74,32 @@ def test_a_disconnected_client_aborts_the_vllm_request(stack: Stack) -> None:
     check_disconnect_aborts(stack, max_tokens=480)
 
 
+def live_processes() -> dict[int, int]:
+    """pid -> parent pid of every process that is neither gone nor a zombie, from /proc."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            parents[int(stat.parent.name)] = int(fields[1])
+    return parents
+
+
+def descendants(pid: int) -> set[int]:
+    parents = live_processes()
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
 def test_a_killed_vllm_worker_s_requests_finish_on_another(stack: Stack) -> None:
+    """Also: the killed worker's vLLM processes (EngineCore, Worker) die with it."""
+    engine_processes = descendants(stack.workers[-1].pid)
+    assert engine_processes  # vLLM runs its engine in child processes
     patient = openai.OpenAI(
         base_url=f"{stack.url}/v1", api_key="unused", max_retries=0, timeout=STARTUP_S
     )
@@ -84,4 +109,9 @@ def test_a_killed_vllm_worker_s_requests_finish_on_another(stack: Stack) -> None
         max_tokens=450,
         within_s=STARTUP_S,
         after_kill=stack.add_worker,
+    )
+    wait_for(
+        lambda: not engine_processes & set(live_processes()),
+        timeout=10,
+        what="the killed worker's engine processes to exit",
     )

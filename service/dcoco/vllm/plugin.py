@@ -11,6 +11,9 @@
 4. The V2 runner (GPU) picks speculators in `init_speculator`, which has no registry; the
    package-level function is wrapped before the model runner imports it, so DCOCO checkpoints
    get the DCOCO speculator. Importing that package is cheap (torch and vllm.config only).
+5. In vLLM's child processes (EngineCore, Worker), the kernel is asked to end the process when
+   its parent dies: a SIGKILLed `dcoco worker` or API server otherwise leaves its EngineCore
+   running, holding its memory, forever.
 """
 
 import functools
@@ -36,6 +39,7 @@ def register() -> None:
         ModelRegistry.register_model(name, MODEL_CLASS)  # re-registering replaces, harmlessly
     _guard_resolution(ModelRegistry)
     _install_v2_dispatch()
+    _die_with_parent()
 
 
 def is_dcoco(architectures: list[str] | None) -> bool:
@@ -94,3 +98,19 @@ def _install_v2_dispatch() -> None:
     runner = sys.modules.get(RUNNER_MODULE)  # imported before us: patch its own reference
     if runner is not None and not getattr(runner.init_speculator, MARK, False):
         runner.init_speculator = package.init_speculator
+
+
+def _die_with_parent() -> None:
+    """prctl(PR_SET_PDEATHSIG, SIGKILL) in a child process (Linux; elsewhere nothing)."""
+    import ctypes
+    import multiprocessing
+    import os
+    import signal
+
+    parent = multiprocessing.parent_process()
+    if parent is None or not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent.pid:  # the parent died before the request took effect
+        os._exit(1)
