@@ -88,7 +88,7 @@ def _sample_draft_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     runtime = _runtime(self.model)
     if runtime is None:
-        return original(self, hidden_states, sampling_metadata)  # type: ignore[no-any-return]
+        return original(self, hidden_states, sampling_metadata)
     model = _unwrap(self.model)
     block = self.num_speculative_tokens  # B
     logits = model.compute_logits(hidden_states)  # [R*B, V]

@@ -61,9 +61,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     for metric in llm.get_metrics():
         if metric.name in COUNTERS:
-            result[COUNTERS[metric.name]] = int(metric.value)  # type: ignore[attr-defined]
+            result[COUNTERS[metric.name]] = int(metric.value)
         elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            result["accepted_per_position"] = [int(v) for v in metric.values]  # type: ignore[attr-defined]
+            result["accepted_per_position"] = [int(v) for v in metric.values]
     return result
 
 

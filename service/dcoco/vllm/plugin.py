@@ -20,11 +20,12 @@ import functools
 import sys
 from typing import Any
 
-from dcoco.spec.drafter import DCOCO_ARCHITECTURE
 from dcoco.vllm.versions import UnsupportedVllm, check
 
 MODEL_CLASS = "dcoco.vllm.model:DCOCODraftModel"
-ARCHITECTURES = (DCOCO_ARCHITECTURE, f"DFlash{DCOCO_ARCHITECTURE}")
+# dcoco.spec.drafter.DCOCO_ARCHITECTURE and its dflash rewrite; spelled out so that importing
+# the entry point imports no torch.
+ARCHITECTURES = ("DCOCODraftModel", "DFlashDCOCODraftModel")
 SPECULATOR_PACKAGE = "vllm.v1.worker.gpu.spec_decode"
 RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
 MARK = "__dcoco_hook__"
@@ -85,19 +86,19 @@ def _install_v2_dispatch() -> None:
         @functools.wraps(original)
         def init_speculator(vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
             spec = vllm_config.speculative_config
-            draft = getattr(spec, "draft_model_config", None)
-            if spec is not None and spec.method == "dflash" and is_dcoco(draft.architectures):
+            archs = getattr(getattr(spec, "draft_model_config", None), "architectures", None)
+            if spec is not None and spec.method == "dflash" and is_dcoco(archs):
                 from dcoco.vllm.speculator import DCOCOSpeculator
 
-                device = kwargs.get("device", args[0] if args else None)
-                return DCOCOSpeculator(vllm_config, device)
+                # (vllm_config, device, ...) in 0.32 and 0.33 alike
+                return DCOCOSpeculator(vllm_config, kwargs.get("device", args[0]))
             return original(vllm_config, *args, **kwargs)
 
         setattr(init_speculator, MARK, True)
-        package.init_speculator = init_speculator
+        setattr(package, "init_speculator", init_speculator)  # noqa: B010
     runner = sys.modules.get(RUNNER_MODULE)  # imported before us: patch its own reference
-    if runner is not None and not getattr(runner.init_speculator, MARK, False):
-        runner.init_speculator = package.init_speculator
+    if runner is not None and not getattr(getattr(runner, "init_speculator", None), MARK, True):
+        setattr(runner, "init_speculator", package.init_speculator)  # noqa: B010
 
 
 def _die_with_parent() -> None:
