@@ -201,3 +201,12 @@ print("UPSTREAM_LAYER0", torch.allclose(upstream, layer0, atol=1e-5))
     assert "OURS True" in done.stdout
     assert "UPSTREAM_PER_LAYER False" in done.stdout, "upstream fixed: drop our override"
     assert "UPSTREAM_LAYER0 True" in done.stdout
+
+
+def test_gpu_check_refuses_cpu_vllm_in_one_line() -> None:
+    done = run_python("import runpy; runpy.run_module('dcoco.vllm.gpu_check', run_name='__main__')")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        "gpu-check: no CUDA GPU visible (torch.cuda.is_available() is False); this check needs "
+        "an NVIDIA GPU and a CUDA build of vLLM"
+    ]

@@ -306,3 +306,21 @@ def test_the_vllm_side_uses_the_shared_corrector_not_a_copy() -> None:
     for path in sorted((SERVICE / "vllm").glob("*.py")):
         assert "class Corrector" not in path.read_text(), path
         assert not {n for n in imports(path) if n.startswith(("dcoco.gateway", "dcoco.queue"))}
+
+
+def test_gpu_check_without_a_gpu_is_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "dcoco.vllm.gpu_check"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    one_line(done.stderr, "gpu-check: no CUDA GPU visible")
+    assert done.stdout == ""
+
+
+def test_gpu_check_cost_measurement_runs_at_small_dims() -> None:
+    from dcoco.vllm.gpu_check import Dims, correction_cost
+
+    small = Dims(256, 4096, 1, 512, 4, 2, 64, block=4, top_k=4, context=16, corrector=(16, 16, 8))
+    rows = correction_cost([1, 2], small, device="cpu")
+    assert [r["batch"] for r in rows] == [1, 2]
+    assert all(r["draft_ms"] > 0 and r["correct_ms"] > 0 for r in rows)
