@@ -29,7 +29,7 @@ from test_serving import (  # noqa: F401  (collected here with this module's fix
     test_the_openai_client_raises_typed_errors,
 )
 from test_serving_faults import check_disconnect_aborts, check_kill_and_reclaim
-from vllm_env import EMBEDDED, VLLM_PYTHON, require_vllm, vllm_env
+from vllm_env import EMBEDDED, VLLM_PYTHON, WORKER_ARGS, require_vllm, vllm_env
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 STARTUP_S = 300  # vLLM starts in 35-60 s here, several minutes on a cold compile cache
@@ -48,6 +48,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]) -> 
         models,
         worker_python=VLLM_PYTHON,
         DCOCO_ENGINE="vllm",
+        DCOCO_VLLM_ARGS=WORKER_ARGS,
         DCOCO_STALL_TIMEOUT_S="180",  # a reclaiming vLLM worker needs its start-up time
         **vllm_env(),
     ).start(timeout=STARTUP_S)

@@ -11,6 +11,10 @@ from dcoco.paths import DEFAULT_DCOCO, DEFAULT_TARGET, REPO_ROOT
 
 VLLM_VENV = Path(os.environ.get("DCOCO_VLLM_VENV", REPO_ROOT / ".venv-vllm"))
 VLLM_PYTHON = str((VLLM_VENV / "bin" / "python").absolute())  # not resolved: keep the venv
+# On CPU, gpu_memory_utilization only sizes vLLM's start-up check of free memory (the KV cache
+# is VLLM_CPU_KVCACHE_SPACE); its 0.92 default fails whenever this shared machine is busy.
+MEMORY_SHARE = "0.3"
+WORKER_ARGS = json.dumps({"gpu_memory_utilization": float(MEMORY_SHARE)})
 EMBEDDED = {"target": DEFAULT_TARGET, "dcoco": DEFAULT_DCOCO}
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 
@@ -54,6 +58,7 @@ def offline(
     args = [VLLM_PYTHON, "-m", "dcoco.vllm.offline", "--target", str(DEFAULT_TARGET)]
     args += ["--prompts", str(prompt_file), "--out", str(out), "--max-tokens", str(max_tokens)]
     args += ["--drafter", str(drafter)] if drafter else []
+    args += ["--gpu-memory-utilization", MEMORY_SHARE]
     log = root / "vllm.log"
     with log.open("w") as sink:
         done = subprocess.run(
