@@ -141,7 +141,8 @@ def correction_cost(
     runtime = DCOCORuntime(drafter.corrector, SelectionConfig(d.top_k))
     drafter.rotary.reserve(d.context + d.block + 1)
     with torch.inference_mode():
-        runtime.corrector.token_rep(torch.zeros(1, dtype=torch.long, device=device), embed)
+        probe = torch.zeros(1, dtype=torch.long, device=device)  # [1]
+        runtime.corrector.token_rep(probe, embed)  # builds the [V, Z] token table once
         return [_one_batch(drafter, runtime, lm_head, embed, d, batch, device) for batch in batches]
 
 
@@ -151,9 +152,11 @@ def _one_batch(
     import torch
 
     bf16 = torch.bfloat16
-    ctx = torch.randn(batch, d.kv_heads, d.context, d.head_dim, dtype=bf16, device=device)
+    shape = (batch, d.kv_heads, d.context, d.head_dim)
+    ctx = torch.randn(shape, dtype=bf16, device=device)  # [R, Hkv, C, D] cached context
     embeds = torch.randn(batch, d.block + 1, d.hidden, dtype=bf16, device=device)  # [R, B+1, H]
-    positions = (d.context + torch.arange(d.block + 1, device=device)).expand(batch, -1)
+    slots = torch.arange(d.block + 1, device=device)  # [B+1]
+    positions = (d.context + slots).expand(batch, -1)  # [R, B+1]
     rows = torch.arange(batch, device=device)  # [R]
 
     def kv(layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
