@@ -5,6 +5,7 @@ plumbing and the import layering."""
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -324,3 +325,39 @@ def test_gpu_check_cost_measurement_runs_at_small_dims() -> None:
     rows = correction_cost([1, 2], small, device="cpu")
     assert [r["batch"] for r in rows] == [1, 2]
     assert all(r["draft_ms"] > 0 and r["correct_ms"] > 0 for r in rows)
+
+
+def test_engine_vllm_without_vllm_is_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "dcoco", "worker", "--engine", "vllm"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ) | {"DCOCO_METRICS_PORT": "0"},
+    )
+    assert done.returncode == 1
+    one_line(done.stderr, "engine vllm needs vLLM in this Python environment")
+
+
+def test_a_malformed_drafter_is_refused_before_vllm_starts(
+    folders: dict[str, Path], tmp_path: Path
+) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from dcoco.vllm.engine_args import check_drafter
+
+    assert check_drafter(folders["dcoco"])["architectures"] == [DCOCO_ARCHITECTURE]
+    broken = tmp_path / "broken"
+    shutil.copytree(folders["dcoco"], broken)
+    weights = load_file(str(broken / "model.safetensors"))
+    del weights["corrector.delta_out.weight"]
+    save_file(weights, str(broken / "model.safetensors"))
+    with pytest.raises(CheckpointError, match=r"corrector\.delta_out\.weight"):
+        check_drafter(broken)
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(CheckpointError, match="unreadable"):
+        check_drafter(broken)
+    raw = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps(raw | {"architectures": ["A", "B"]}))
+    with pytest.raises(CheckpointError, match="architectures"):
+        check_drafter(broken)

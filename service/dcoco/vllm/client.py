@@ -27,6 +27,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from dcoco.settings import WorkerSettings
+from dcoco.shared.errors import UsageError
 from dcoco.shared.protocol import EngineDelta, EngineRequest
 from dcoco.shared.stats import CycleStats, SpecStats
 from dcoco.vllm.engine_args import engine_kwargs
@@ -89,16 +90,23 @@ class VllmEngineClient:
             # Spawned, not forked: the children import prometheus_client afresh and so write
             # their series to the folder; this process, threads and all, is never forked.
             os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-            self.engine = AsyncLLM.from_engine_args(
-                AsyncEngineArgs(**kwargs),
-                stat_loggers=[lambda config, index: _StepStats(self._cycles)],
-            )
+            self.engine = self._start(kwargs)
         except BaseException:
             shutil.rmtree(self.scratch, ignore_errors=True)
             raise
         self.max_model_len: int = kwargs["max_model_len"]
         self.max_concurrency: int = kwargs["max_num_seqs"]
         self.collector = PluginCollector(self.metrics_dir)
+
+    def _start(self, kwargs: dict[str, Any]) -> AsyncLLM:
+        try:
+            return AsyncLLM.from_engine_args(
+                AsyncEngineArgs(**kwargs),
+                stat_loggers=[lambda config, index: _StepStats(self._cycles)],
+            )
+        except RuntimeError as failed:  # vLLM has logged the cause from its own processes
+            first = str(failed).splitlines()[0] if str(failed) else type(failed).__name__
+            raise UsageError(f"vLLM did not start ({first}); its log above says why") from None
 
     @property
     def failure(self) -> BaseException | None:

@@ -13,7 +13,7 @@ from typing import Any
 from dcoco.checkpoint import CheckpointError, read_config
 from dcoco.settings import WorkerSettings
 from dcoco.shared.options import Mode
-from dcoco.spec.drafter import DCOCO_ARCHITECTURE, DFLASH_ARCHITECTURE
+from dcoco.spec.drafter import DCOCO_ARCHITECTURE, DFLASH_ARCHITECTURE, DFlashDrafter, DrafterConfig
 from dcoco.vllm.export import ExportOptions, export_drafter
 from dcoco.vllm.runtime import SelectionConfig
 
@@ -38,13 +38,38 @@ def max_model_len(settings: WorkerSettings) -> int:
     return settings.max_model_len or limit
 
 
+def check_drafter(folder: Path) -> dict[str, Any]:
+    """The drafter's config, after checking it and its weights' names and shapes against each
+    other without loading a tensor; raises CheckpointError, so that a malformed folder is one
+    line here rather than a failure deep inside vLLM's worker process."""
+    import torch
+    from safetensors import SafetensorError, safe_open
+
+    raw = read_config(folder)
+    try:
+        cfg = DrafterConfig.from_hf(raw)
+    except ValueError as bad:
+        raise CheckpointError(f"{folder / 'config.json'}: {bad}") from None
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in DFlashDrafter(cfg).state_dict().items()}
+    try:
+        with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
+            found = {k: tuple(weights.get_slice(k).get_shape()) for k in weights.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError) as bad:
+        raise CheckpointError(f"{folder / 'model.safetensors'}: unreadable ({bad})") from None
+    if found != expected:
+        wrong = sorted(k for k in expected.keys() | found.keys() if expected.get(k) != found.get(k))
+        raise CheckpointError(f"{folder}: weights do not match the config: {wrong[:4]}")
+    return raw
+
+
 def prepare_drafter(settings: WorkerSettings, scratch: Path) -> tuple[Path, int] | None:
     """The drafter folder vLLM loads and B; None in vanilla mode."""
     if settings.mode is Mode.VANILLA:
         return None
     if settings.drafter is None:
         raise ValueError(f"mode {settings.mode} needs a drafter folder (DCOCO_DRAFTER)")
-    raw = read_config(settings.drafter)
+    raw = check_drafter(settings.drafter)
     archs = raw.get("architectures")
     block = settings.num_speculative_tokens or int(raw.get("block_size") or 0)
     if block < 1:
