@@ -71,7 +71,7 @@ GPU_PYTHON ?= $(VLLM_BIN)/python
 gpu-check:
 	$(GPU_PYTHON) -m dcoco.vllm.gpu_check
 
-# Needs a Docker engine (none runs where this project is developed): see docker/README.md.
+# Needs a Docker engine (none runs where this project is developed); see the README, Docker.
 images:
 	docker build -f docker/gateway.Dockerfile -t dcoco-gateway .
 	docker build -f docker/worker-cpu.Dockerfile -t dcoco-worker-cpu .

@@ -113,10 +113,29 @@ def test_vllm_s_drafts_are_our_corrector_s_on_the_same_inputs(
 ) -> None:
     """Each logged drafting call holds the slot states vLLM's drafter produced and the draft
     vLLM then verified; our corrector and walk on those states give the same draft."""
-    target, drafter = load_target(DEFAULT_TARGET), load_drafter(DEFAULT_DCOCO)
-    assert drafter.corrector is not None
     lines = Path(served["log"]["path"]).read_text().splitlines()
     assert len(lines) >= served["dcoco"]["drafts"] // PROMPTS
+    assert corrected_drafts(lines) > 0  # the corrector really overrode top-1 choices
+
+
+def test_probabilistic_drafting_goes_through_the_corrector(
+    tmp_path: Path, prompts: list[list[int]]
+) -> None:
+    """With draft_sample_method probabilistic and sampled requests, vLLM still verifies the
+    DCOCO walk's draft (deterministic, so q is one-hot) and accepts some of it."""
+    log = tmp_path / "drafts.jsonl"
+    flags = ("--draft-sample-method", "probabilistic", "--temperature", "0.7", "--seed", "3")
+    result = offline(tmp_path, DEFAULT_DCOCO, prompts[:4], 48, flags, DCOCO_VLLM_DRAFT_LOG=str(log))
+    assert result["accepted_tokens"] > 0
+    assert all(len(tokens) > 0 for tokens in result["token_ids"])
+    assert corrected_drafts(log.read_text().splitlines()) > 0
+
+
+def corrected_drafts(lines: list[str]) -> int:
+    """Checks each logged draft against our corrector and walk; returns how many drafted
+    tokens they corrected."""
+    target, drafter = load_target(DEFAULT_TARGET), load_drafter(DEFAULT_DCOCO)
+    assert drafter.corrector is not None
     corrected = 0
     with torch.inference_mode():
         for line in lines:
@@ -129,7 +148,7 @@ def test_vllm_s_drafts_are_our_corrector_s_on_the_same_inputs(
             ours = select(Rule.PREFIX, scores, cands)
             assert ours.tokens.tolist() == call["tokens"]
             corrected += int((ours.index != 0).sum())
-    assert corrected > 0  # the corrector really overrode top-1 choices
+    return corrected
 
 
 def test_the_plugin_fails_loudly() -> None:

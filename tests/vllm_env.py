@@ -49,16 +49,21 @@ def run_python(code: str, timeout: float = 120, **env: str) -> subprocess.Comple
 
 
 def offline(
-    root: Path, drafter: Path | None, prompts: list[list[int]], max_tokens: int, **env: str
+    root: Path,
+    drafter: Path | None,
+    prompts: list[list[int]],
+    max_tokens: int,
+    extra: tuple[str, ...] = (),
+    **env: str,
 ) -> dict[str, Any]:
-    """Greedy generation through vLLM's offline LLM (`dcoco.vllm.offline`)."""
+    """Generation through vLLM's offline LLM (`dcoco.vllm.offline`; `extra`: its flags)."""
     require_vllm()
     prompt_file, out = root / "prompts.jsonl", root / "out.json"
     prompt_file.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts))
     args = [VLLM_PYTHON, "-m", "dcoco.vllm.offline", "--target", str(DEFAULT_TARGET)]
     args += ["--prompts", str(prompt_file), "--out", str(out), "--max-tokens", str(max_tokens)]
     args += ["--drafter", str(drafter)] if drafter else []
-    args += ["--gpu-memory-utilization", MEMORY_SHARE]
+    args += ["--gpu-memory-utilization", MEMORY_SHARE, *extra]
     log = root / "vllm.log"
     with log.open("w") as sink:
         done = subprocess.run(

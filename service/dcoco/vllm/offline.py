@@ -1,4 +1,4 @@
-"""Greedy generation through vLLM's offline `LLM`, with its spec-decode counters, as JSON.
+"""Generation through vLLM's offline `LLM` (greedy by default), with its spec-decode counters.
 
     python -m dcoco.vllm.offline --target T [--drafter D] --prompts FILE.jsonl --out OUT.json
 
@@ -23,11 +23,14 @@ COUNTERS = {
 }
 
 
-def speculative_config(drafter: Path, num_speculative_tokens: int) -> dict[str, Any]:
+def speculative_config(
+    drafter: Path, num_speculative_tokens: int, draft_sample_method: str
+) -> dict[str, Any]:
     return {
         "method": "dflash",
         "model": str(drafter),
         "num_speculative_tokens": num_speculative_tokens,
+        "draft_sample_method": draft_sample_method,
     }
 
 
@@ -36,7 +39,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from vllm.inputs import TokensPrompt
 
     prompts = [json.loads(line)["prompt_ids"] for line in args.prompts.read_text().splitlines()]
-    spec = speculative_config(args.drafter, args.num_speculative_tokens) if args.drafter else None
+    spec = (
+        speculative_config(args.drafter, args.num_speculative_tokens, args.draft_sample_method)
+        if args.drafter
+        else None
+    )
     llm = LLM(
         model=str(args.target),
         speculative_config=spec,
@@ -48,7 +55,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         enforce_eager=args.enforce_eager,
         gpu_memory_utilization=args.gpu_memory_utilization,
     )
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)
+    params = SamplingParams(
+        temperature=args.temperature,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        ignore_eos=args.ignore_eos,
+    )
     started = time.perf_counter()
     outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
     elapsed = time.perf_counter() - started
@@ -79,6 +91,11 @@ def main() -> int:
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--num-speculative-tokens", type=int, default=15)
     parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--seed", type=int, help="per request; default: none")
+    parser.add_argument(
+        "--draft-sample-method", choices=["greedy", "probabilistic"], default="greedy"
+    )
     parser.add_argument("--enforce-eager", action="store_true")
     # On CPU this only sizes a start-up check of free memory (the KV cache is
     # VLLM_CPU_KVCACHE_SPACE); vLLM's 0.92 default fails on a shared machine.
