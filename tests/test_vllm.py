@@ -229,3 +229,52 @@ def test_gpu_check_refuses_cpu_vllm_in_one_line() -> None:
         "gpu-check: no CUDA GPU visible (torch.cuda.is_available() is False); this check needs "
         "an NVIDIA GPU and a CUDA build of vLLM"
     ]
+
+
+def test_the_v2_speculator_follows_dflash2_and_is_dispatched() -> None:
+    """The GPU path, as far as a CPU can take it: the class, its [R, B, K, K] scores walked from
+    candidate 0 (what vLLM's Triton kernel does), and init_speculator picking it for DCOCO."""
+    code = """
+import torch
+from types import SimpleNamespace
+from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import DFlash2Speculator
+from dcoco.checkpoint import load_drafter, load_target
+from dcoco.spec.select import Candidates, prefix_first
+from dcoco.vllm import plugin, speculator
+from dcoco.vllm.runtime import DCOCORuntime, SelectionConfig
+
+target = load_target(TARGET)
+drafter = load_drafter(DRAFTER)
+embed = target.model.embed_tokens.weight
+runtime = DCOCORuntime(drafter.corrector, SelectionConfig(16))
+fake = SimpleNamespace(model=SimpleNamespace(dcoco=runtime, embed_weight=lambda: embed))
+torch.manual_seed(0)
+hidden = torch.randn(3, 15, 256)  # [R, B, H]
+with torch.inference_mode():
+    cands = Candidates.top_k(target.logits(hidden), 16)
+    scores = speculator.DCOCOSpeculator._score_candidates(fake, cands.ids, cands.logits, hidden)
+    pairs = drafter.corrector(hidden, cands.ids, cands.logits, embed)
+walk, previous = [], torch.zeros(3, dtype=torch.long)
+for p in range(15):
+    previous = scores[torch.arange(3), p, previous].argmax(-1)
+    walk.append(previous)
+print("SHAPE", tuple(scores.shape))
+print("WALK", torch.equal(torch.stack(walk, 1), prefix_first(pairs)))
+print("SUBCLASS", issubclass(speculator.DCOCOSpeculator, DFlash2Speculator))
+
+plugin.register()
+print("INSTALLED", plugin.v2_dispatch_installed())
+import vllm.v1.worker.gpu.spec_decode as package
+speculator.DCOCOSpeculator = lambda config, device: ("dcoco", device)
+config = SimpleNamespace(speculative_config=SimpleNamespace(
+    method="dflash", draft_model_config=SimpleNamespace(architectures=["DFlashDCOCODraftModel"])))
+print("DISPATCH", package.init_speculator(config, "cuda:0", None))
+"""
+    done = run_python(f"TARGET, DRAFTER = {str(DEFAULT_TARGET)!r}, {str(DEFAULT_DCOCO)!r}\n" + code)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert "SHAPE (3, 15, 16, 16)" in out
+    assert "WALK True" in out
+    assert "SUBCLASS True" in out
+    assert "INSTALLED True" in out
+    assert "DISPATCH ('dcoco', 'cuda:0')" in out
