@@ -58,15 +58,17 @@ class RedisServer:
 class Service:
     """`python -m dcoco <command>` with extra environment, logging to a file."""
 
-    def __init__(self, command: str, env: dict[str, str], log: Path) -> None:
-        self.command, self.log = command, log
+    def __init__(
+        self, command: str, env: dict[str, str], log: Path, python: str = sys.executable
+    ) -> None:
+        self.command, self.log, self.python = command, log, python
         self.env = dict(os.environ) | {"DCOCO_LOG_LEVEL": "info"} | env
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> "Service":
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "dcoco", self.command], env=self.env, stdout=out, stderr=out
+                [self.python, "-m", "dcoco", self.command], env=self.env, stdout=out, stderr=out
             )
         return self
 
@@ -147,9 +149,15 @@ class Stack:
     MODEL = "tiny"
 
     def __init__(
-        self, root: Path, models: dict[str, Path], appendonly: bool = False, **env: str
+        self,
+        root: Path,
+        models: dict[str, Path],
+        appendonly: bool = False,
+        worker_python: str = sys.executable,
+        **env: str,
     ) -> None:
-        self.root = root
+        """`worker_python`: the interpreter workers run under (vLLM lives in a venv of its own)."""
+        self.root, self.worker_python = root, worker_python
         self.redis = RedisServer(root, appendonly)
         self.models = models
         self.env = {
@@ -179,21 +187,26 @@ class Stack:
     def add_worker(self, **env: str) -> Service:
         port = free_port()
         worker_env = self.env | {"DCOCO_METRICS_PORT": str(port)} | env
-        worker = Service("worker", worker_env, self.root / f"worker{len(self.workers)}.log").start()
+        log = self.root / f"worker{len(self.workers)}.log"
+        worker = Service("worker", worker_env, log, self.worker_python).start()
         self.workers.append(worker)
         self.metrics_ports.append(port)
         return worker
 
-    def start(self, workers: int = 1, **worker_env: str) -> "Stack":
+    def start(self, workers: int = 1, timeout: float = 60, **worker_env: str) -> "Stack":
         for _ in range(workers):
             self.add_worker(**worker_env)
         self.gateway.start()
         wait_for(lambda: http_status(f"{self.url}/healthz") == 200, what="the gateway")
-        self.wait_workers(workers)
+        self.wait_workers(workers, timeout)
         return self
 
-    def wait_workers(self, count: int) -> None:
-        wait_for(lambda: len(worker_ids(self.redis, self.MODEL)) >= count, what=f"{count} workers")
+    def wait_workers(self, count: int, timeout: float = 60) -> None:
+        wait_for(
+            lambda: len(worker_ids(self.redis, self.MODEL)) >= count,
+            timeout=timeout,
+            what=f"{count} workers",
+        )
         wait_for(lambda: http_status(f"{self.url}/readyz") == 200, what="readiness")
 
     def stop(self) -> None:

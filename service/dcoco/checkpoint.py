@@ -58,8 +58,9 @@ def save_target(model: CausalLM, path: str | Path, extra: dict[str, Any] | None 
 
 def load_drafter(path: str | Path) -> DFlashDrafter:
     folder = Path(path)
+    raw = read_config(folder)
     try:
-        cfg = DrafterConfig.from_hf(read_config(folder))
+        cfg = DrafterConfig.from_hf(raw)
     except ValueError as bad:
         raise CheckpointError(f"{folder / 'config.json'}: {bad}") from None
     drafter = DFlashDrafter(cfg)

@@ -14,7 +14,16 @@ from typing import NoReturn
 
 from dcoco.shared.errors import UsageError
 
-COMMANDS = ("generate", "train", "eval", "serve", "gateway", "worker", "convert")
+COMMANDS = (
+    "generate",
+    "train",
+    "eval",
+    "serve",
+    "gateway",
+    "worker",
+    "convert",
+    "export-drafter",
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -26,7 +35,7 @@ def build_parser() -> Parser:
     parser = Parser(prog="dcoco", description="DCOCO speculative decoding")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for name in COMMANDS:
-        module = importlib.import_module(f"dcoco.commands.{name}")
+        module = importlib.import_module(f"dcoco.commands.{name.replace('-', '_')}")
         sub = commands.add_parser(
             name, help=module.__doc__.splitlines()[0] if module.__doc__ else None
         )
@@ -37,7 +46,7 @@ def build_parser() -> Parser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        importlib.import_module(f"dcoco.commands.{args.command}").run(args)
+        importlib.import_module(f"dcoco.commands.{args.command.replace('-', '_')}").run(args)
     except UsageError as problem:
         print(f"dcoco {args.command}: error: {problem}", file=sys.stderr)
         return 1

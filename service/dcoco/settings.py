@@ -4,8 +4,9 @@ Nothing is read at import time: each process builds its settings object once, in
 """
 
 import argparse
+import json
 from pathlib import Path
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -118,9 +119,12 @@ class EngineSettings(BaseSettings):
 
 class WorkerSettings(QueueSettings, EngineSettings):
     model_name: str = "dcoco-default"  # the `model` clients ask for
-    # torch: the embedded engine. instant: a test and benchmark fixture that answers with a
-    # fixed text and runs no model; never a serving engine.
-    engine: Literal["torch", "instant"] = "torch"
+    # torch: the embedded engine. vllm: AsyncLLM with the DCOCO drafter through our plugin
+    # (needs vLLM installed). instant: a test and benchmark fixture that answers with a fixed
+    # text and runs no model; never a serving engine.
+    engine: Literal["torch", "vllm", "instant"] = "torch"
+    # Extra vLLM engine arguments, a JSON object of AsyncEngineArgs fields (engine vllm only).
+    vllm_args: Annotated[dict[str, Any], NoDecode] = Field(default_factory=dict)
     target: Path = DEFAULT_TARGET
     drafter: Path | None = DEFAULT_DCOCO
     metrics_host: str = "127.0.0.1"
@@ -128,3 +132,15 @@ class WorkerSettings(QueueSettings, EngineSettings):
     heartbeat_s: float = Field(2.0, gt=0)
     drain_timeout_s: float = Field(25.0, ge=0)  # on SIGTERM, finish in-flight work this long
     worker_id: str | None = None  # default: host name and process id
+
+    @field_validator("vllm_args", mode="before")
+    @classmethod
+    def _parse_vllm_args(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except json.JSONDecodeError as bad:
+                raise ValueError(f"DCOCO_VLLM_ARGS is not valid JSON ({bad.msg})") from None
+        if not isinstance(value, dict):
+            raise ValueError("DCOCO_VLLM_ARGS must be a JSON object of vLLM engine arguments")
+        return value

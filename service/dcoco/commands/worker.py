@@ -9,7 +9,9 @@ from dcoco.shared.errors import UsageError
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--engine", choices=["torch", "instant"], help="DCOCO_ENGINE (instant: benchmark fixture)"
+        "--engine",
+        choices=["torch", "vllm", "instant"],
+        help="DCOCO_ENGINE (vllm: AsyncLLM with the DCOCO plugin; instant: benchmark fixture)",
     )
     parser.add_argument("--model-name", help="the model name clients ask for (DCOCO_MODEL_NAME)")
     parser.add_argument("--target", help="target folder (DCOCO_TARGET)")

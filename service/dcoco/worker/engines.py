@@ -2,6 +2,7 @@
 happen only when it is chosen."""
 
 from dcoco.settings import WorkerSettings
+from dcoco.shared.errors import UsageError
 from dcoco.shared.protocol import EngineClient
 from dcoco.tokenizer import Tokenizer
 
@@ -15,6 +16,18 @@ def build_engine_client(settings: WorkerSettings, tokenizer: Tokenizer) -> Engin
 
         ids = tokenizer.encode(INSTANT_ANSWER)
         return InstantEngineClient(settings.max_model_len or 2048, settings.max_batch_size, ids)
+    if settings.engine == "vllm":
+        try:
+            from dcoco.vllm.client import VllmEngineClient
+        except ModuleNotFoundError as missing:
+            if missing.name != "vllm":
+                raise
+            raise UsageError(
+                "engine vllm needs vLLM in this Python environment (`make setup` installs it "
+                "in .venv-vllm: run .venv-vllm/bin/dcoco worker)"
+            ) from None
+
+        return VllmEngineClient(settings, tokenizer.eos_token_ids)
     from dcoco.engine.client import TorchEngineClient
     from dcoco.engine.load import load_engine
 

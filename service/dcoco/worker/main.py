@@ -42,6 +42,10 @@ async def run_worker(settings: WorkerSettings) -> int:
     tokenizer = Tokenizer.from_dir(settings.target)
     tokenizer_json = (settings.target / "tokenizer.json").read_text()
     engine = build_engine_client(settings, tokenizer)
+    if settings.engine == "vllm":
+        from dcoco.vllm.metrics import PLUGIN_SERIES
+
+        metrics.defer_to(engine.collector, PLUGIN_SERIES)  # type: ignore[attr-defined]
     health.engine_failed = lambda: engine.failure is not None
     card = ModelCard(
         name=settings.model_name,

@@ -18,6 +18,7 @@ Useful PromQL (all series carry `model`):
 """
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.registry import Collector
 
 from dcoco.shared.stats import CycleStats
 
@@ -28,7 +29,7 @@ ACCEPTED_LENGTH = (*(float(n) for n in range(1, 17)), 24.0, 32.0)  # 1..B+1 for 
 
 class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry, model: str) -> None:
-        self.model = model
+        self.model, self.registry = model, registry
         m = ["model"]
         self.cycles = Counter("dcoco_spec_cycles", "Verification cycles", m, registry=registry)
         self.draft_tokens = Counter(
@@ -104,6 +105,14 @@ class WorkerMetrics:
             ["model", "outcome"],
             registry=registry,
         )
+
+    def defer_to(self, collector: Collector, names: tuple[str, ...]) -> None:
+        """Serves the series `names` from `collector` (an engine that measures them in another
+        process) instead of from this exporter."""
+        for metric in (self.corrected_tokens, self.corrected_accepted_tokens, self.cycle_seconds):
+            if metric._name in names:
+                self.registry.unregister(metric)
+        self.registry.register(collector)
 
     def observe_cycle(self, cycle: CycleStats) -> None:
         model = self.model

@@ -1,0 +1,33 @@
+# dcoco-worker-cpu: a worker with the embedded torch engine and the embedded default model pair
+# (models/default, a few MB). Build from the repository root:
+#   docker build -f docker/worker-cpu.Dockerfile -t dcoco-worker-cpu .
+FROM python:3.11-slim
+
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /opt/dcoco
+COPY pyproject.toml README.md ./
+COPY service ./service
+# The CPU build of torch first, so that resolving the engine extra never pulls a CUDA build.
+# (DL3013: this repository's own package; its dependencies are the ranges in pyproject.toml)
+# hadolint ignore=DL3013
+RUN pip install --index-url "${TORCH_INDEX}" "torch==2.13.0" \
+    && pip install ".[engine,serve]" \
+    && rm -rf service build \
+    && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin dcoco
+COPY models/default /opt/dcoco/models/default
+
+USER 10001
+ENV DCOCO_ENGINE=torch \
+    DCOCO_TARGET=/opt/dcoco/models/default/target \
+    DCOCO_DRAFTER=/opt/dcoco/models/default/dcoco \
+    DCOCO_METRICS_HOST=0.0.0.0 \
+    DCOCO_METRICS_PORT=9400
+EXPOSE 9400
+HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9400/healthz', timeout=2)"]
+CMD ["dcoco", "worker"]

@@ -1,0 +1,136 @@
+"""The V1 runner's hook points, wrapped for DCOCO drafters and passed through for all others.
+
+- `DFlashProposer._sample_draft_tokens(hidden_states, sampling_metadata)`: the one call that
+  turns all R*B drafted slots into ids, greedy and probabilistic drafting alike. For a DCOCO
+  drafter it returns the selected draft: top-K, corrector scores, the selection rule. The draft
+  is deterministic, so it returns no draft probabilities: vLLM's rejection sampler then treats q
+  as one-hot and accepts d with probability p_target(d), which keeps sampling lossless.
+- `DFlashProposer.propose`: timed, so the drafter's share of a step is known.
+- `GPUModelRunner.execute_model` / `sample_tokens` (the CPU runner inherits both): the step's
+  wall time, and after verification the per-request accepted counts that tell which corrected
+  tokens the target accepted.
+
+`install` runs when vLLM builds a DCOCO model, in the worker process. It fails loudly when a
+hook point is missing or when the V2 runner is active without the DCOCO speculator installed.
+"""
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from vllm.config import VllmConfig
+
+from dcoco.vllm import cpu_fixes
+from dcoco.vllm.runtime import DCOCORuntime
+from dcoco.vllm.versions import UnsupportedVllm, missing
+
+log = logging.getLogger(__name__)
+MARK = "__dcoco_hook__"
+PROPOSER_HOOKS = ("_sample_draft_tokens", "propose")
+RUNNER_HOOKS = ("execute_model", "sample_tokens")
+
+
+def install(vllm_config: VllmConfig) -> None:
+    """Idempotent. Raises UnsupportedVllm instead of ever letting DCOCO draft as plain DFlash."""
+    if getattr(vllm_config, "use_v2_model_runner", False):
+        from dcoco.vllm.plugin import v2_dispatch_installed
+
+        if not v2_dispatch_installed():
+            raise UnsupportedVllm(
+                "the V2 model runner is active but the DCOCO speculator dispatch is not "
+                "installed; refusing to run as plain DFlash"
+            )
+        return
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    missing(DFlashProposer, PROPOSER_HOOKS)
+    missing(GPUModelRunner, RUNNER_HOOKS)
+    cpu_fixes.install()
+    _wrap(DFlashProposer, "_sample_draft_tokens", _sample_draft_tokens)
+    _wrap(DFlashProposer, "propose", _propose)
+    _wrap(GPUModelRunner, "execute_model", _execute_model)
+    _wrap(GPUModelRunner, "sample_tokens", _sample_tokens)
+
+
+def _wrap(owner: type, name: str, wrapper: Callable[..., Any]) -> None:
+    original = getattr(owner, name)
+    if getattr(original, MARK, False):
+        return
+
+    @functools.wraps(original)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return wrapper(original, self, *args, **kwargs)
+
+    setattr(method, MARK, True)
+    setattr(owner, name, method)
+
+
+def _unwrap(model: Any) -> Any:
+    unwrap = getattr(model, "unwrap", None)  # vLLM's graph wrappers
+    return unwrap() if callable(unwrap) else model
+
+
+def _runtime(model: Any) -> DCOCORuntime | None:
+    runtime = getattr(_unwrap(model), "dcoco", None)
+    return runtime if isinstance(runtime, DCOCORuntime) else None
+
+
+def _runner_runtime(runner: Any) -> DCOCORuntime | None:
+    return _runtime(getattr(getattr(runner, "drafter", None), "model", None))
+
+
+def _sample_draft_tokens(
+    original: Callable[..., Any], self: Any, hidden_states: torch.Tensor, sampling_metadata: Any
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    runtime = _runtime(self.model)
+    if runtime is None:
+        return original(self, hidden_states, sampling_metadata)
+    model = _unwrap(self.model)
+    block = self.num_speculative_tokens  # B
+    logits = model.compute_logits(hidden_states)  # [R*B, V]
+    chosen = runtime.draft(
+        hidden_states.view(-1, block, hidden_states.shape[-1]),  # [R, B, H]
+        logits.view(-1, block, logits.shape[-1]),  # [R, B, V]
+        model.embed_weight(),
+    )
+    return chosen.tokens.reshape(-1), None  # [R*B]; q one-hot
+
+
+def _propose(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    runtime = _runtime(self.model)
+    if runtime is None:
+        return original(self, *args, **kwargs)
+    start, correct_before = time.perf_counter(), runtime.times.correct
+    drafts = original(self, *args, **kwargs)
+    correction = runtime.times.correct - correct_before
+    runtime.times.draft += time.perf_counter() - start - correction
+    return drafts
+
+
+def _execute_model(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    runtime = _runner_runtime(self)
+    if runtime is not None:
+        runtime.start_step(time.perf_counter())
+    return original(self, *args, **kwargs)
+
+
+def _sample_tokens(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
+    runtime = _runner_runtime(self)
+    if runtime is None:
+        return original(self, *args, **kwargs)
+    state = getattr(self, "execute_model_state", None)
+    metadata = getattr(state, "spec_decode_metadata", None)
+    output = original(self, *args, **kwargs)
+    req_ids = getattr(output, "req_ids", None)
+    sampled = getattr(output, "sampled_token_ids", None)
+    if isinstance(req_ids, list) and isinstance(sampled, list):
+        drafted = list(metadata.num_draft_tokens) if metadata is not None else None
+        runtime.settle(req_ids, sampled, drafted, time.perf_counter())
+    else:  # asynchronous scheduling: the accepted counts are not known here
+        log.debug("DCOCO: no synchronous sampler output; corrected-accepted not counted")
+        runtime.settle([], [], None, time.perf_counter())
+    return output

@@ -1,0 +1,75 @@
+"""vLLM for tests: it lives in a venv of its own (`.venv-vllm`, made by `make setup`), so tests
+run it in subprocesses while pytest runs from `.venv`."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from dcoco.paths import DEFAULT_DCOCO, DEFAULT_TARGET, REPO_ROOT
+
+VLLM_VENV = Path(os.environ.get("DCOCO_VLLM_VENV", REPO_ROOT / ".venv-vllm"))
+VLLM_PYTHON = str((VLLM_VENV / "bin" / "python").absolute())  # not resolved: keep the venv
+# On CPU, gpu_memory_utilization only sizes vLLM's start-up check of free memory (the KV cache
+# is VLLM_CPU_KVCACHE_SPACE); its 0.92 default fails whenever this shared machine is busy.
+MEMORY_SHARE = "0.3"
+WORKER_ARGS = json.dumps({"gpu_memory_utilization": float(MEMORY_SHARE)})
+EMBEDDED = {"target": DEFAULT_TARGET, "dcoco": DEFAULT_DCOCO}
+TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
+
+
+def vllm_env() -> dict[str, str]:
+    """What vLLM on CPU needs here: no hub, 1 GiB of KV cache, the bundled OpenMP (and
+    tcmalloc where installed) preloaded."""
+    preload = [str(p) for p in (TCMALLOC, VLLM_VENV / "lib" / "libiomp5.so") if p.exists()]
+    return {
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "LD_PRELOAD": ":".join(preload),
+    }
+
+
+def require_vllm() -> None:
+    if not Path(VLLM_PYTHON).exists():
+        raise RuntimeError(f"no vLLM venv at {VLLM_VENV}: run `make setup`")
+
+
+def run_python(code: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    """Runs `code` under vLLM's interpreter."""
+    require_vllm()
+    return subprocess.run(
+        [VLLM_PYTHON, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ) | vllm_env() | env,
+        check=False,
+    )
+
+
+def offline(
+    root: Path,
+    drafter: Path | None,
+    prompts: list[list[int]],
+    max_tokens: int,
+    extra: tuple[str, ...] = (),
+    **env: str,
+) -> dict[str, Any]:
+    """Generation through vLLM's offline LLM (`dcoco.vllm.offline`; `extra`: its flags)."""
+    require_vllm()
+    prompt_file, out = root / "prompts.jsonl", root / "out.json"
+    prompt_file.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts))
+    args = [VLLM_PYTHON, "-m", "dcoco.vllm.offline", "--target", str(DEFAULT_TARGET)]
+    args += ["--prompts", str(prompt_file), "--out", str(out), "--max-tokens", str(max_tokens)]
+    args += ["--drafter", str(drafter)] if drafter else []
+    args += ["--gpu-memory-utilization", MEMORY_SHARE, *extra]
+    log = root / "vllm.log"
+    with log.open("w") as sink:
+        done = subprocess.run(
+            args, stdout=sink, stderr=sink, timeout=600, env=dict(os.environ) | vllm_env() | env
+        )
+    if done.returncode:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+        raise RuntimeError(f"vLLM failed ({done.returncode}):\n{tail}")
+    return dict(json.loads(out.read_text()))
