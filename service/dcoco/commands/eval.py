@@ -16,8 +16,9 @@ VARIANTS = (
     "dcoco-discounted",
     "dcoco-frozen",
     "dcoco-top1",
+    "vanilla-fp32",
 )
-SETTINGS = ("greedy-b1", "greedy-b16", "t1-b1", "t1-b16")
+SETTINGS = ("greedy-b1", "greedy-b8", "greedy-b16", "t1-b1", "t1-b8", "t1-b16")
 
 
 def configure(ev: argparse.ArgumentParser) -> None:
@@ -35,8 +36,26 @@ def configure(ev: argparse.ArgumentParser) -> None:
         default=[],
         help='extra suites: JSONL files with one {"prompt": ...} per line',
     )
-    ev.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    ev.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS))
+    ev.add_argument(
+        "--variants",
+        nargs="+",
+        choices=VARIANTS,
+        default=[v for v in VARIANTS if v != "vanilla-fp32"],
+        help="vanilla-fp32 is plain decoding in fp32, the faster plain decoding in some regimes",
+    )
+    ev.add_argument(
+        "--settings",
+        nargs="+",
+        choices=SETTINGS,
+        default=["greedy-b1", "greedy-b8", "t1-b1", "t1-b8"],
+    )
+    ev.add_argument(
+        "--precision",
+        choices=["bf16", "fp32"],
+        default="bf16",
+        help="bf16: fast, not bit-exact; fp32: exact (greedy output equals vanilla's)",
+    )
+    ev.add_argument("--max-model-len", type=positive_int, default=1024, help="context per sequence")
     ev.add_argument(
         "--limit",
         type=positive_int,

@@ -1,6 +1,7 @@
 """`dcoco eval`: every variant on every suite and setting, then coverage, tables and plots."""
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -20,19 +21,21 @@ from dcoco.eval.runner import SETTINGS, VARIANTS, Measurement, Models, compare_t
 from dcoco.eval.suites import Suite, file_suite, load_suite
 from dcoco.paths import REPO_ROOT
 from dcoco.shared.errors import UsageError
+from dcoco.shared.options import Precision
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.tokenizer import Tokenizer, TokenizerError
 from dcoco.train.data import chat_prompt
 
-MAX_MODEL_LEN = 512  # the target's training window
 COVERAGE_DRAFTERS = ("dflash", "dcoco")
 
 
-def load_models(folder: Path, needed: set[str]) -> tuple[Models, Tokenizer]:
+def load_models(folder: Path, needed: set[str], precision: Precision) -> tuple[Models, Tokenizer]:
     tokenizer = Tokenizer.from_dir(folder / "target")
     target = load_target(folder / "target")
     drafters = {name: load_drafter(folder / name) for name in sorted(needed)}
-    return Models(target, drafters, tokenizer.eos_token_ids), tokenizer
+    fp32 = functools.cache(lambda: load_target(folder / "target"))
+    models = Models(target, drafters, tokenizer.eos_token_ids, precision, fp32)
+    return models, tokenizer
 
 
 def encode_suite(
@@ -70,14 +73,14 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], list[Measurement
     try:
         suites = [load_suite(name, args.models / "heldout") for name in args.suites]
         suites += [file_suite(path) for path in args.prompts]
-        models, tokenizer = load_models(args.models, needed)
+        models, tokenizer = load_models(args.models, needed, Precision(args.precision))
     except (CheckpointError, TokenizerError, OSError) as problem:
         raise UsageError(str(problem)) from None
     names = [s.name for s in suites]
     if len(set(names)) < len(names):
         raise UsageError(f"two suites share a name: {sorted(names)}; rename the --prompts file")
     block = max((d.config.block_size for d in models.drafters.values()), default=0)
-    max_prompt = MAX_MODEL_LEN - args.max_tokens - block - 2
+    max_prompt = args.max_model_len - args.max_tokens - block - 2
     if max_prompt < 1:
         raise UsageError(f"--max-tokens {args.max_tokens} leaves no room for a prompt")
     prompts = {s.name: encode_suite(s, tokenizer, args.limit, max_prompt) for s in suites}
@@ -93,7 +96,7 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], list[Measurement
                 suite.name,
                 prompts[suite.name],
                 args.max_tokens,
-                MAX_MODEL_LEN,
+                args.max_model_len,
             )
         )
     compare_to_vanilla(runs)
@@ -119,6 +122,8 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], list[Measurement
             "models": shown(args.models),
             "limit": args.limit,
             "max_tokens": args.max_tokens,
+            "max_model_len": args.max_model_len,
+            "precision": args.precision,
             "threads": torch.get_num_threads(),
             "machine": platform.processor() or platform.machine(),
             "torch": torch.__version__,
