@@ -21,8 +21,7 @@ from dcoco.eval.suites import Suite, file_suite, load_suite
 from dcoco.paths import REPO_ROOT
 from dcoco.shared.errors import UsageError
 from dcoco.spec.drafter import DFlashDrafter
-from dcoco.tokenizer import Tokenizer, TokenizerError
-from dcoco.train.data import chat_prompt
+from dcoco.tokenizer import Tokenizer, TokenizerError, chat_prompt
 
 MAX_MODEL_LEN = 512  # the target's training window
 COVERAGE_DRAFTERS = ("dflash", "dcoco")
