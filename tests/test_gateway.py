@@ -289,6 +289,19 @@ async def test_readiness_can_ignore_workers_for_scale_to_zero(
     assert reply.json()["workers"] == {"m": 0}
 
 
+async def test_a_gateway_whose_background_loop_gave_up_is_not_live(
+    redis_server: RedisServer,
+) -> None:
+    settings = GatewaySettings(redis_url=redis_server.url)
+    app = create_app(settings)
+    app.state.services.broken = True
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        reply = await client.get("/healthz")
+    assert reply.status_code == 503  # the orchestrator restarts it
+    assert reply.json()["error"]["code"] == "broken"
+
+
 def test_the_openapi_schema_documents_the_request_bodies(redis_server: RedisServer) -> None:
     schema = create_app(GatewaySettings(redis_url=redis_server.url)).openapi()
     for path, model in (

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from factories import write_models
-from stack import Stack, fetch, http_status, metric_values, wait_for
+from stack import Stack, fetch, http_status, metric_values, owner_pid, wait_for
 
 pytestmark = pytest.mark.slow
 MODEL = Stack.MODEL
@@ -48,13 +48,6 @@ def chat(content: str, **params: object) -> dict[str, object]:
     return {"model": MODEL, "messages": [{"role": "user", "content": content}]} | params
 
 
-def owner_pid(stack: Stack, response_id: str) -> int:
-    owner = stack.redis.client().get(f"dcoco:owner:{response_id}-0")
-    assert owner is not None
-    worker_id = owner.split(" ")[0]
-    return int(worker_id.rsplit("-", 1)[1])
-
-
 def test_a_killed_worker_s_requests_finish_on_another_exactly_once(make_stack: type[Stack]) -> None:
     # Vanilla decoding and long answers, so the kill always lands mid-generation.
     stack = make_stack(DCOCO_MODE="vanilla", DCOCO_MAX_MODEL_LEN="4096").start(workers=2)  # type: ignore[call-arg]
@@ -86,7 +79,8 @@ def check_kill_and_reclaim(
     texts = {name: "" for name in cases}
     finish = {}
     first = {name: next(iter(s)) for name, s in streams.items()}  # every request is running
-    victim = owner_pid(stack, first["greedy"].id)
+    victim = owner_pid(stack.redis, first["greedy"].id)
+    assert victim is not None
     os.kill(victim, signal.SIGKILL)
     killed_at = time.monotonic()
     after_kill()
@@ -207,7 +201,8 @@ def test_sigterm_drains_then_hands_back_what_is_left(make_stack: type[Stack]) ->
     expected_long = client.chat.completions.create(**long).choices[0].message.content  # type: ignore[call-overload]
     stream = client.chat.completions.create(stream=True, **long)  # type: ignore[call-overload]
     first = next(iter(stream))
-    victim_pid = owner_pid(stack, first.id)
+    victim_pid = owner_pid(stack.redis, first.id)
+    assert victim_pid is not None
     victim = next(w for w in stack.workers if w.pid == victim_pid)
     victim.signal(signal.SIGTERM)
     text = first.choices[0].delta.content or ""

@@ -12,8 +12,7 @@ from dcoco.paths import DEFAULT_HELDOUT, DEFAULT_MODELS, DEFAULT_TARGET
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Rule
 from dcoco.shared.sampling import SamplingParams
-from dcoco.tokenizer import IM_END, MASK, Tokenizer
-from dcoco.train.data import chat_prompt
+from dcoco.tokenizer import IM_END, MASK, Tokenizer, chat_prompt
 
 DRAFTERS = ("dflash", "dcoco", "dcoco-frozen")
 MAX_BYTES = 40 * 1024 * 1024

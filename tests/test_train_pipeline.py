@@ -13,8 +13,7 @@ from dcoco.engine.engine import Engine
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
-from dcoco.tokenizer import MASK, Tokenizer
-from dcoco.train.data import chat_prompt
+from dcoco.tokenizer import MASK, Tokenizer, chat_prompt
 from dcoco.train.loop import Budget, train_loop
 from dcoco.train.pipeline import MARKER, STAGE_NAMES
 

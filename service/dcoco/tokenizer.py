@@ -90,6 +90,11 @@ class Tokenizer:
             raise TokenizerError(f"the chat template failed: {bad}") from None
 
 
+def chat_prompt(tokenizer: Tokenizer, user: str) -> str:
+    """The prompt of a one-message conversation, as training and evaluation render it."""
+    return tokenizer.render_chat([{"role": "user", "content": user}])
+
+
 def train_tokenizer(texts: Iterable[str], vocab_size: int) -> HFTokenizer:
     """A byte-level BPE with the chat and mask special tokens first (ids 0..3)."""
     inner = HFTokenizer(models.BPE())

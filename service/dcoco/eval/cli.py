@@ -23,8 +23,7 @@ from dcoco.paths import REPO_ROOT
 from dcoco.shared.errors import UsageError
 from dcoco.shared.options import Precision
 from dcoco.spec.drafter import DFlashDrafter
-from dcoco.tokenizer import Tokenizer, TokenizerError
-from dcoco.train.data import chat_prompt
+from dcoco.tokenizer import Tokenizer, TokenizerError, chat_prompt
 
 COVERAGE_DRAFTERS = ("dflash", "dcoco")
 

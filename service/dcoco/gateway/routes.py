@@ -14,7 +14,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import Receive, Scope, Send
 
 from dcoco.gateway.errors import (
-    APIError,
     Cancelled,
     InvalidRequest,
     PayloadTooLarge,
@@ -62,7 +61,7 @@ async def models(request: Request) -> dict[str, Any]:
 @router.get("/healthz")
 async def healthz(request: Request) -> dict[str, str]:
     if services_of(request).broken:
-        raise APIError("a background loop kept crashing", code="broken")
+        raise Unavailable("a background loop kept crashing", code="broken")
     return {"status": "ok"}
 
 

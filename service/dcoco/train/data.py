@@ -10,12 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dcoco.tokenizer import END_OF_TEXT, IM_END, Tokenizer
+from dcoco.tokenizer import END_OF_TEXT, IM_END, Tokenizer, chat_prompt
 from dcoco.train.corpus import Record
-
-
-def chat_prompt(tokenizer: Tokenizer, user: str) -> str:
-    return tokenizer.render_chat([{"role": "user", "content": user}])
 
 
 def document(tokenizer: Tokenizer, record: Record) -> str:

@@ -17,10 +17,10 @@ from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams
-from dcoco.tokenizer import END_OF_TEXT, Tokenizer
+from dcoco.tokenizer import END_OF_TEXT, Tokenizer, chat_prompt
 from dcoco.train.config import DistillConfig
 from dcoco.train.corpus import Record
-from dcoco.train.data import Continuations, chat_prompt
+from dcoco.train.data import Continuations
 
 
 def distill_prompts(
