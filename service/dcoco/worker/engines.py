@@ -5,6 +5,7 @@ from dcoco.settings import WorkerSettings
 from dcoco.shared.errors import UsageError
 from dcoco.shared.protocol import EngineClient
 from dcoco.tokenizer import Tokenizer
+from dcoco.worker.metrics import WorkerMetrics
 
 INSTANT_ANSWER = " the quick brown fox jumps over the lazy dog"
 
@@ -33,3 +34,14 @@ def build_engine_client(settings: WorkerSettings, tokenizer: Tokenizer) -> Engin
 
     cfg = settings.engine_config(tokenizer.eos_token_ids)
     return TorchEngineClient(load_engine(settings.target, settings.drafter, cfg))
+
+
+def adopt_engine_metrics(
+    settings: WorkerSettings, engine: EngineClient, metrics: WorkerMetrics
+) -> None:
+    """Series an engine measures in processes of its own (vLLM's plugin, in vLLM's worker)
+    replace the worker's own exporters of them."""
+    if settings.engine == "vllm":
+        from dcoco.vllm.metrics import PLUGIN_SERIES
+
+        metrics.defer_to(engine.collector, PLUGIN_SERIES)  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ from dcoco.queue.protocol import ModelCard
 from dcoco.settings import WorkerSettings
 from dcoco.shared.supervisor import LoopFailed
 from dcoco.tokenizer import Tokenizer
-from dcoco.worker.engines import build_engine_client
+from dcoco.worker.engines import adopt_engine_metrics, build_engine_client
 from dcoco.worker.http import Health, serve_http
 from dcoco.worker.metrics import WorkerMetrics
 from dcoco.worker.worker import Worker
@@ -42,10 +42,7 @@ async def run_worker(settings: WorkerSettings) -> int:
     tokenizer = Tokenizer.from_dir(settings.target)
     tokenizer_json = (settings.target / "tokenizer.json").read_text()
     engine = build_engine_client(settings, tokenizer)
-    if settings.engine == "vllm":
-        from dcoco.vllm.metrics import PLUGIN_SERIES
-
-        metrics.defer_to(engine.collector, PLUGIN_SERIES)  # type: ignore[attr-defined]
+    adopt_engine_metrics(settings, engine, metrics)
     health.engine_failed = lambda: engine.failure is not None
     card = ModelCard(
         name=settings.model_name,
