@@ -411,3 +411,22 @@ def test_model_names_become_resource_names_and_must_be_distinct() -> None:
     ]
     with pytest.raises(RuntimeError, match="map to the same resource name"):
         render(None, "models[0].name=a.b", "models[1].name=a_b")
+
+
+def test_a_model_that_scales_to_zero_is_registered_by_a_hook_job() -> None:
+    """Before its first worker runs, the model's card must be in Redis, or the gateway answers
+    404 and KEDA never sees lag to wake a worker for."""
+    manifests = render("keda")
+    job = named(manifests, "Job", "register-qwen3-8b-dcoco")
+    hooks = job["metadata"]["annotations"]
+    assert hooks["helm.sh/hook"] == "post-install,post-upgrade"
+    assert container(job)["command"] == ["dcoco", "worker", "--register-only"]
+    worker = named(manifests, "Deployment", "worker-qwen3-8b-dcoco")
+    for name in ("DCOCO_MODEL_NAME", "DCOCO_TARGET", "DCOCO_REDIS_URL"):
+        assert env(job)[name] == env(worker)[name]
+    cache = {v["name"]: v for v in job["spec"]["template"]["spec"]["volumes"]}["model-cache"]
+    assert cache["persistentVolumeClaim"]["claimName"].endswith("cache-qwen3-8b-dcoco")
+    redis_policy = named(manifests, "NetworkPolicy", "-redis")
+    allowed = redis_policy["spec"]["ingress"][0]["from"][0]["podSelector"]
+    assert selects(allowed, pod_labels(job))
+    assert not of_kind(render(), "Job")  # a model that never scales to zero needs none

@@ -9,9 +9,13 @@ greater than activationLagCount, and asks for ceil(lag / lagCount) replicas.
 """
 
 import math
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -101,3 +105,59 @@ def test_requests_wait_at_zero_workers_and_complete_when_one_starts(stack: Stack
     assert keda_lag(client) == 0
     assert client.xpending(STREAM, GROUP)["pending"] == 0
     print(f"{WAITING} requests waited at zero workers; served {cold_start:.1f} s after start")
+
+
+def test_a_model_that_never_had_a_worker_is_registered_and_waits_for_its_first(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The chart's registration job (`dcoco worker --register-only`) before any worker ran: the
+    gateway knows the model, queues its requests, and the first worker serves them."""
+    models = write_models(tmp_path_factory.mktemp("models"), distilled=False)
+    stack = Stack(
+        tmp_path_factory.mktemp("never"),
+        models,
+        DCOCO_QUEUE_TIMEOUT_S="60",
+        DCOCO_READYZ_REQUIRES_WORKERS="false",
+    )
+    try:
+        stack.gateway.start()
+        wait_for(lambda: http_status(f"{stack.url}/readyz") == 200, what="the gateway")
+        register = subprocess.run(
+            [sys.executable, "-m", "dcoco", "worker", "--register-only"],
+            env=stack.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert register.returncode == 0, register.stderr
+        assert worker_ids(stack.redis, Stack.MODEL) == []  # registered, but nobody serves
+        results: dict[int, tuple[int, str]] = {}
+        waiting = threading.Thread(target=ask, args=(stack.url, 0, results))
+        waiting.start()
+        wait_for(lambda: keda_lag(stack.redis.client()) == 1, 20, "the request in the stream")
+        stack.add_worker()
+        waiting.join(timeout=90)
+        status, text = results[0]
+        assert status == 200, text
+        assert '"finish_reason"' in text
+    finally:
+        stack.stop()
+
+
+def test_registering_without_redis_is_one_line(tmp_path: Path) -> None:
+    models = write_models(tmp_path, distilled=False)
+    env = dict(os.environ) | {
+        "DCOCO_REDIS_URL": "redis://127.0.0.1:1/0",
+        "DCOCO_TARGET": str(models["target"]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "dcoco", "worker", "--register-only"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("dcoco worker: error: Redis is unreachable")
+    assert "Traceback" not in done.stderr

@@ -264,3 +264,27 @@ httpGet:
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
+
+{{/* The model-cache volume of a worker pod (nothing when modelCache.type is none). */}}
+{{- define "dcoco.worker.cacheVolume" -}}
+{{- $m := .model -}}
+{{- $cache := $m.modelCache -}}
+{{- if eq $cache.type "pvc" -}}
+- name: model-cache
+  persistentVolumeClaim:
+    claimName: {{ default (include "dcoco.componentName" (dict "root" .root "suffix" (printf "cache-%s" $m.id))) $cache.pvc.existingClaim }}
+{{- else if eq $cache.type "emptyDir" -}}
+- name: model-cache
+  {{- if $cache.emptyDir.sizeLimit }}
+  emptyDir:
+    sizeLimit: {{ $cache.emptyDir.sizeLimit }}
+  {{- else }}
+  emptyDir: {}
+  {{- end }}
+{{- else if eq $cache.type "hostPath" -}}
+- name: model-cache
+  hostPath:
+    path: {{ $cache.hostPath.path }}
+    type: {{ $cache.hostPath.type }}
+{{- end -}}
+{{- end -}}

@@ -2,6 +2,7 @@
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import signal
@@ -44,13 +45,7 @@ async def run_worker(settings: WorkerSettings) -> int:
     engine = build_engine_client(settings, tokenizer)
     adopt_engine_metrics(settings, engine, metrics)
     health.engine_failed = lambda: engine.failure is not None
-    card = ModelCard(
-        name=settings.model_name,
-        max_model_len=engine.max_model_len,
-        tokenizer_sha=hashlib.sha256(tokenizer_json.encode()).hexdigest()[:16],
-        chat_template=tokenizer.chat_template,
-        created=int(time.time()),
-    )
+    card = model_card(settings, tokenizer, tokenizer_json, engine.max_model_len)
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}"
     redis = connect(settings.redis_url, timeout_s=2.0)
     blocking = connect(settings.redis_url, timeout_s=3.0)  # XREADGROUP blocks up to 1 s
@@ -80,3 +75,35 @@ async def run_worker(settings: WorkerSettings) -> int:
         if server is not None:
             server.shutdown()
     return 1 if engine.failure else status
+
+
+def model_card(
+    settings: WorkerSettings, tokenizer: Tokenizer, tokenizer_json: str, max_model_len: int
+) -> ModelCard:
+    return ModelCard(
+        name=settings.model_name,
+        max_model_len=max_model_len,
+        tokenizer_sha=hashlib.sha256(tokenizer_json.encode()).hexdigest()[:16],
+        chat_template=tokenizer.chat_template,
+        created=int(time.time()),
+    )
+
+
+async def register_model(settings: WorkerSettings) -> None:
+    """Publishes the model card and tokenizer from the target folder, loading no engine, and
+    creates the request stream's consumer group. Before any worker of a model that scales from
+    zero has run, this is what lets the gateway accept (and queue) its requests. The context
+    is DCOCO_MAX_MODEL_LEN or the target's max_position_embeddings; the first worker that
+    starts publishes the engine's own."""
+    tokenizer = Tokenizer.from_dir(settings.target)
+    tokenizer_json = (settings.target / "tokenizer.json").read_text()
+    config = json.loads((settings.target / "config.json").read_text())
+    limit = settings.max_model_len or int(config.get("max_position_embeddings", 4096))
+    card = model_card(settings, tokenizer, tokenizer_json, limit)
+    redis = connect(settings.redis_url, timeout_s=2.0)
+    try:
+        queue = WorkerQueue(redis, redis, settings.model_name, "register", settings.lease_s)
+        await queue.register(card, tokenizer_json)
+    finally:
+        await redis.aclose()
+    log.info("model registered", extra={"model": card.name, "max_model_len": limit})
