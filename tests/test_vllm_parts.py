@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from dcoco.model.qwen3 import Qwen3ForCausalLM
+from dcoco.model.causal_lm import CausalLM
 from prometheus_client import CollectorRegistry, generate_latest
 
 from cli_checks import one_line
@@ -42,14 +42,14 @@ class Sink:
 
 
 @pytest.fixture(scope="module")
-def pair() -> tuple[Qwen3ForCausalLM, DFlashDrafter]:
+def pair() -> tuple[CausalLM, DFlashDrafter]:
     target = make_target()
     return target, make_drafter(target, block=4, top_k=4)
 
 
 @pytest.fixture(scope="module")
 def folders(
-    tmp_path_factory: pytest.TempPathFactory, pair: tuple[Qwen3ForCausalLM, DFlashDrafter]
+    tmp_path_factory: pytest.TempPathFactory, pair: tuple[CausalLM, DFlashDrafter]
 ) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("models")
     target, drafter = pair
@@ -93,7 +93,7 @@ def test_selection_config_from_the_checkpoint() -> None:
 
 
 def test_the_runtime_drafts_what_the_corrector_and_rule_pick(
-    pair: tuple[Qwen3ForCausalLM, DFlashDrafter],
+    pair: tuple[CausalLM, DFlashDrafter],
 ) -> None:
     target, drafter = pair
     assert drafter.corrector is not None
@@ -115,7 +115,7 @@ def test_the_runtime_drafts_what_the_corrector_and_rule_pick(
 
 
 def test_the_v2_score_layout_walks_like_prefix_first(
-    pair: tuple[Qwen3ForCausalLM, DFlashDrafter],
+    pair: tuple[CausalLM, DFlashDrafter],
 ) -> None:
     """vLLM's walk starts at candidate 0, reads row (p, previous) and takes its argmax."""
     target, drafter = pair
