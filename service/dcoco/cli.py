@@ -14,7 +14,7 @@ from typing import NoReturn
 
 from dcoco.shared.errors import UsageError
 
-COMMANDS = ("generate", "train", "eval", "serve", "gateway", "worker", "convert")
+COMMANDS = ("generate", "train", "eval", "bench", "serve", "gateway", "worker", "convert")
 
 
 class Parser(argparse.ArgumentParser):
