@@ -23,6 +23,7 @@ class Script:
     counter_scale: float = 1.0  # > 1: the counters overstate acceptance, for the cross-check
     per_chunk_usage: bool = False  # accepts stream_options.continuous_usage_stats
     models_reply: str = "json"  # "json", "html" or "404"
+    metrics_answers: int | None = None  # /metrics answers 500 after this many
 
 
 COUNTERS = {
@@ -40,6 +41,7 @@ class ScriptedServer:
         self.bodies: list[dict[str, Any]] = []
         self.cycles = self.drafted = self.accepted = 0.0
         self.port = 0
+        self.scrapes = 0
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
@@ -135,6 +137,9 @@ class ScriptedServer:
         await reply.write(_sse(chunk))
 
     async def metrics(self, request: web.Request) -> web.Response:
+        self.scrapes += 1
+        if self.script.metrics_answers is not None and self.scrapes > self.script.metrics_answers:
+            return web.Response(status=500, text="gone")
         if self.script.family is None:
             return web.Response(text="# no speculation here\nup 1\n")
         cycles, drafted, accepted = COUNTERS[self.script.family]

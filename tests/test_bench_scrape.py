@@ -99,3 +99,13 @@ async def test_a_server_without_counters_is_noted_not_fatal() -> None:
     # Usage alone, with the block size given: 1 + 4 * 2 / 4 = 3 tokens per cycle.
     report = build(results, plan([Load(1)]), {}, Slo(), 4.0, [])
     assert all(row["crosscheck"]["accepted_length_usage"] == 3.0 for row in report["by_level"])
+
+
+async def test_counters_of_an_endpoint_that_fails_part_way_are_dropped() -> None:
+    # Before and after c1, then before c2 answer; after c2 does not.
+    with ScriptedServer(Script(accepted=2, rejected=2, metrics_answers=3)) as server:
+        target = Server("s", server.url, "scripted", f"{server.url}/metrics")
+        results = await run_bench([target], plan([Load(1), Load(2)]), progress=False)
+    assert results.counters == {}
+    assert any("HTTP 500" in note for note in results.notes)
+    assert len(results.records) == 3 + 4  # the requests themselves all ran

@@ -165,6 +165,8 @@ async def _measure(
                         Record(server.name, mode.name, load.name, turn_calls[i].suite, outcome)
                         for i, outcome in turn.results
                     ]
+    # An endpoint that failed part-way left some turns uncounted: its deltas would mislead.
+    results.counters = {k: v for k, v in results.counters.items() if k[0] not in broken}
 
 
 def _sender(
