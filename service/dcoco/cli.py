@@ -18,6 +18,7 @@ COMMANDS = (
     "generate",
     "train",
     "eval",
+    "bench",
     "serve",
     "gateway",
     "worker",

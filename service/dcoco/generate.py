@@ -11,10 +11,9 @@ from dcoco.engine.load import load_engine
 from dcoco.settings import EngineSettings, settings_from
 from dcoco.shared.errors import UsageError
 from dcoco.shared.options import Mode
+from dcoco.shared.prompt_files import read_prompts
 from dcoco.shared.sampling import SamplingParams
 from dcoco.tokenizer import Tokenizer, TokenizerError
-
-MAX_PROMPT_FILE_BYTES = 64 * 1024 * 1024
 
 
 def run_generate(args: argparse.Namespace) -> None:
@@ -49,30 +48,6 @@ def build_engine(args: argparse.Namespace, tokenizer: Tokenizer) -> Engine:
             f"the tokenizer has {tokenizer.vocab_size} tokens, the target only {vocab}"
         )
     return engine
-
-
-def read_prompts(path: Path) -> list[str]:
-    """Prompts from a JSONL file; a bad line is reported by its number."""
-    try:
-        if path.stat().st_size > MAX_PROMPT_FILE_BYTES:
-            raise UsageError(f"{path}: larger than {MAX_PROMPT_FILE_BYTES} bytes")
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as problem:
-        raise UsageError(f"{path}: cannot read ({problem})") from None
-    prompts = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as problem:
-            raise UsageError(f"{path}:{number}: not valid JSON ({problem.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-            raise UsageError(f'{path}:{number}: expected an object with a string "prompt"')
-        prompts.append(record["prompt"])
-    if not prompts:
-        raise UsageError(f"{path}: no prompts")
-    return prompts
 
 
 def encode(tokenizer: Tokenizer, text: str, chat: bool) -> list[int]:

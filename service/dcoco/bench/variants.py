@@ -1,0 +1,152 @@
+"""`dcoco bench --embedded vanilla,dflash,...`: one embedded stack per variant (`dcoco serve`
+on free ports, each with its own Redis, worker and gateway, configured by environment), all
+started at once and measured in one interleaved run, then stopped.
+
+A variant that does not start, or that sets a DCOCO_* variable this build's worker does not
+know (pydantic-settings would ignore it silently, and the variant would quietly be another
+one), is reported as failed with the reason, and the others are measured.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from dcoco.bench.main import Endpoint, check_all, measure
+from dcoco.paths import REPO_ROOT
+from dcoco.serve import free_port
+
+READY_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 40.0  # `dcoco serve` drains its worker, then stops Redis
+MODEL_NAME = "bench"
+VARIANTS: dict[str, dict[str, str]] = {  # {models}: the --models folder
+    "vanilla": {"DCOCO_MODE": "vanilla"},
+    "dflash": {"DCOCO_MODE": "dflash", "DCOCO_DRAFTER": "{models}/dflash"},
+    "dcoco": {"DCOCO_MODE": "dcoco", "DCOCO_DRAFTER": "{models}/dcoco"},
+    "dcoco-adaptive": {
+        "DCOCO_MODE": "dcoco",
+        "DCOCO_DRAFTER": "{models}/dcoco",
+        "DCOCO_ADAPTIVE": "true",
+    },
+}
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    url: str
+    metrics_url: str  # the worker's: the gateway's /metrics has no speculation counters
+    env: dict[str, str]  # the variant's settings
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+def variant_env(name: str, models: Path) -> dict[str, str]:
+    settings = {k: v.format(models=models) for k, v in VARIANTS[name].items()}
+    return {"DCOCO_TARGET": str(models / "target")} | settings
+
+
+def unknown_settings(env: dict[str, str]) -> list[str]:
+    from dcoco.settings import GatewaySettings, WorkerSettings
+
+    known = set(WorkerSettings.model_fields) | set(GatewaySettings.model_fields)
+    return [k for k in env if k.startswith("DCOCO_") and k[6:].lower() not in known]
+
+
+def start(name: str, models: Path, logs: Path) -> Stack:
+    settings = variant_env(name, models)
+    port, metrics_port = free_port(), free_port()
+    env = dict(os.environ) | settings
+    env |= {
+        "DCOCO_METRICS_PORT": str(metrics_port),
+        "DCOCO_MODEL_NAME": MODEL_NAME,
+        "DCOCO_LOG_LEVEL": "warning",
+    }
+    log = logs / f"{name}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dcoco", "serve", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    return Stack(name, url, f"http://127.0.0.1:{metrics_port}/metrics", settings, process, log)
+
+
+def wait_ready(stack: Stack, deadline: float) -> str | None:
+    """None once the gateway is ready, else why not."""
+    while time.monotonic() < deadline:
+        if stack.process.poll() is not None:
+            tail = stack.log.read_text(errors="replace").strip().splitlines()[-1:]
+            return f"exited with status {stack.process.returncode}: {' '.join(tail)}"
+        try:
+            with urllib.request.urlopen(f"{stack.url}/readyz", timeout=1) as reply:
+                if reply.status == 200:
+                    return None
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    return f"not ready after {READY_TIMEOUT_S:.0f} s"
+
+
+def stop(stack: Stack) -> None:
+    if stack.process.poll() is None:
+        stack.process.send_signal(signal.SIGTERM)
+        try:
+            stack.process.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            stack.process.kill()
+            stack.process.wait()
+
+
+@contextlib.contextmanager
+def embedded(
+    names: list[str], models: Path, logs: Path
+) -> Iterator[tuple[list[Stack], dict[str, str]]]:
+    """The stacks that came up, and {variant: why it failed} for the others; all stopped on
+    exit."""
+    logs.mkdir(parents=True, exist_ok=True)
+    failed: dict[str, str] = {}
+    started: list[Stack] = []
+    try:
+        for name in names:
+            unknown = unknown_settings(variant_env(name, models))
+            if unknown:
+                failed[name] = f"{', '.join(unknown)}: not a setting of this build's worker"
+            else:
+                started.append(start(name, models, logs))
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        ready = []
+        for stack in started:
+            problem = wait_ready(stack, deadline)
+            if problem is None:
+                ready.append(stack)
+            else:
+                failed[stack.name] = f"did not start ({problem}; log: {stack.log})"
+        yield ready, failed
+    finally:
+        for stack in started:
+            stop(stack)
+
+
+def run_embedded(args: argparse.Namespace) -> None:
+    """The --embedded run: start, check, measure, stop."""
+    with embedded(args.embedded, args.models, args.logs) as (stacks, failed):
+        found = [Endpoint(s.name, s.url, s.metrics_url) for s in stacks]
+        servers = asyncio.run(check_all(found, MODEL_NAME)) if found else []
+        notes = [
+            f"{s.name}: `dcoco serve` with "
+            + " ".join(f"{k}={v.replace(f'{REPO_ROOT}/', '')}" for k, v in s.env.items())
+            for s in stacks
+        ]
+        measure(args, servers, [s.name for s in stacks], failed, notes)

@@ -1,0 +1,111 @@
+"""Speculation counters read from /metrics, ours and vLLM's, and the cross-check of the accepted
+length the responses' usage implies against the one the counter deltas give."""
+
+import pytest
+
+from bench_server import Script, ScriptedServer
+from dcoco.bench.client import Server
+from dcoco.bench.load import Load
+from dcoco.bench.metrics import Slo
+from dcoco.bench.prompts import Item, Mode
+from dcoco.bench.report import build
+from dcoco.bench.run import Plan, run_bench
+from dcoco.bench.scrape import Counters, ScrapeFailed, crosscheck, parse_counters
+
+OURS = """# HELP dcoco_spec_cycles_total Verification cycles
+# TYPE dcoco_spec_cycles_total counter
+dcoco_spec_cycles_total{model="a"} 10.0
+dcoco_spec_cycles_total{model="b"} 5.0
+# TYPE dcoco_spec_draft_tokens_total counter
+dcoco_spec_draft_tokens_total{model="a"} 150.0
+dcoco_spec_draft_tokens_total{model="b"} 75.0
+# TYPE dcoco_spec_accepted_tokens_total counter
+dcoco_spec_accepted_tokens_total{model="a"} 30.0
+dcoco_spec_accepted_tokens_total{model="b"} 15.0
+"""
+VLLM = """# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="q"} 4.0
+# TYPE vllm:spec_decode_num_draft_tokens counter
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="q"} 12.0
+# TYPE vllm:spec_decode_num_accepted_tokens counter
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="q"} 9.0
+"""
+
+
+def test_both_families_parse_summed_over_label_sets() -> None:
+    assert parse_counters(OURS) == Counters("dcoco", 15.0, 225.0, 45.0)
+    assert parse_counters(VLLM) == Counters("vllm", 4.0, 12.0, 9.0)
+    assert parse_counters("# a gateway's metrics\nup 1\n") is None
+    with pytest.raises(ScrapeFailed, match="not Prometheus text"):
+        parse_counters("<html>{not metrics}</html>")
+
+
+def test_the_crosscheck_agrees_when_usage_and_counters_tell_the_same_story() -> None:
+    # 8 cycles of B = 4: 32 drafted, 20 accepted, so 1 + 20 / 8 = 3.5 tokens per cycle.
+    delta = Counters("dcoco", 18.0, 62.0, 25.0) - Counters("dcoco", 10.0, 30.0, 5.0)
+    check = crosscheck(20, 12, delta, block=None)
+    assert check["block"] == 4.0
+    assert check["block_source"] == "metrics"
+    assert check["accepted_length_usage"] == pytest.approx(3.5)
+    assert check["accepted_length_metrics"] == pytest.approx(3.5)
+    assert check["agree"] is True
+    # A wrong block size given by hand, or counters that disagree, show up.
+    assert crosscheck(20, 12, delta, block=8.0)["agree"] is False
+    assert crosscheck(10, 22, delta, block=None)["agree"] is False
+    # A vanilla server drafts nothing: no accepted length either way.
+    vanilla = crosscheck(0, 0, Counters("dcoco", 40.0, 0.0, 0.0), block=None)
+    assert vanilla["accepted_length_usage"] is None
+    assert vanilla["agree"] is None
+    # No counters at all: the usage side still counts with a given block size.
+    assert crosscheck(20, 12, None, block=4.0)["accepted_length_usage"] == pytest.approx(3.5)
+
+
+def plan(loads: list[Load]) -> Plan:
+    items = [Item("code", i, [{"role": "user", "content": f"q{i}"}]) for i in range(3)]
+    return Plan(items, [Mode("greedy")], loads, 8, 1, 10.0, 30.0, seed=0)
+
+
+@pytest.mark.parametrize(("family", "scale", "agree"), [("dcoco", 1.0, True), ("vllm", 1.0, True),
+                                                        ("dcoco", 1.5, False)])  # fmt: skip
+async def test_the_run_reads_counter_deltas_around_its_turns(
+    family: str, scale: float, agree: bool
+) -> None:
+    # Each answer: 12 drafted (3 cycles of 4), 6 accepted: 1 + 6 / 3 = 3 tokens per cycle.
+    script = Script(accepted=6, rejected=6, block=4, family=family, counter_scale=scale)
+    with ScriptedServer(script) as server:
+        target = Server("s", server.url, "scripted", f"{server.url}/metrics")
+        results = await run_bench([target], plan([Load(1), Load(2)]), progress=False)
+    # The warm-up's answer is left out of the deltas: 3 prompts at c1, 4 (2 x 2) at c2.
+    assert results.counters[("s", "greedy", "c1")].cycles == pytest.approx(3 * 3)
+    assert results.counters[("s", "greedy", "c2")].cycles == pytest.approx(4 * 3)
+    report = build(results, plan([Load(1), Load(2)]), {}, Slo(), None, [])
+    for row in report["by_level"]:
+        check = row["crosscheck"]
+        assert check["family"] == family
+        assert check["block"] == pytest.approx(4.0)
+        assert check["accepted_length_usage"] == pytest.approx(3.0)
+        assert check["accepted_length_metrics"] == pytest.approx(1 + 6 * scale / 3)
+        assert check["agree"] is agree
+
+
+async def test_a_server_without_counters_is_noted_not_fatal() -> None:
+    with ScriptedServer(Script(family=None, accepted=2, rejected=2)) as server:
+        target = Server("s", server.url, "scripted", f"{server.url}/metrics")
+        unreachable = Server("t", server.url, "scripted", "http://127.0.0.1:9/metrics")
+        results = await run_bench([target, unreachable], plan([Load(1)]), progress=False)
+    assert results.counters == {}
+    assert any(note.startswith("t: no speculation counters (GET") for note in results.notes)
+    assert any(note.startswith("s: no speculation counters at") for note in results.notes)
+    # Usage alone, with the block size given: 1 + 4 * 2 / 4 = 3 tokens per cycle.
+    report = build(results, plan([Load(1)]), {}, Slo(), 4.0, [])
+    assert all(row["crosscheck"]["accepted_length_usage"] == 3.0 for row in report["by_level"])
+
+
+async def test_counters_of_an_endpoint_that_fails_part_way_are_dropped() -> None:
+    # Before and after c1, then before c2 answer; after c2 does not.
+    with ScriptedServer(Script(accepted=2, rejected=2, metrics_answers=3)) as server:
+        target = Server("s", server.url, "scripted", f"{server.url}/metrics")
+        results = await run_bench([target], plan([Load(1), Load(2)]), progress=False)
+    assert results.counters == {}
+    assert any("HTTP 500" in note for note in results.notes)
+    assert len(results.records) == 3 + 4  # the requests themselves all ran
