@@ -192,27 +192,26 @@ class Engine:
             "total": t4 - t0,
         }
         cycle = CycleStats(seconds=seconds)
-        is_accepted = torch.arange(self.block) < verdict.accepted.unsqueeze(1)  # [N, B]
         corrected = selection.index != 0  # [N, B]
         corrected[:, k:] = False  # unverified slots are not drafted tokens
-        per_row = torch.stack(
-            [verdict.accepted, corrected.sum(1), (corrected & is_accepted).sum(1)], dim=1
-        ).tolist()  # [N, 3]
-        self._observe(seqs, k, [row[0] for row in per_row], t2 - t0 + t4 - t3, t3 - t2)
-        rows = zip(seqs, per_row, is_accepted.tolist(), verdict.tokens.tolist(), strict=True)
-        for seq, (accepted, fixed, rescued), positions, tokens in rows:
-            seq.num_cached += accepted + 1
+        accepted = verdict.accepted.tolist()  # [N]
+        self._observe(seqs, k, accepted, t2 - t0 + t4 - t3, t3 - t2)
+        rows = zip(seqs, accepted, corrected.tolist(), verdict.tokens.tolist(), strict=True)
+        for seq, held, overridden, tokens in rows:  # held: drafted tokens the verifier kept
+            seq.num_cached += held + 1
+            kept = seq.append(tokens[: held + 1])
+            used = min(held, len(kept))  # of those, the ones that reached the output
             row = SpecStats(
                 verifications=1,
                 draft_tokens=k,
-                accepted_tokens=accepted,
-                accepted_per_position=[int(p) for p in positions],
-                corrected_tokens=fixed,
-                corrected_accepted_tokens=rescued,
+                accepted_tokens=used,
+                accepted_per_position=[int(p < used) for p in range(self.block)],
+                corrected_tokens=sum(overridden),
+                corrected_accepted_tokens=sum(overridden[:used]),
                 seconds=seconds,
             )
-            self._record(seq, row, cycle, accepted + 1)
-            self._emit(seq, tokens[: accepted + 1], result)
+            self._record(seq, row, cycle, len(kept))
+            self._output(seq, kept, result)
         return cycle
 
     def _plan(self, seqs: list[Sequence]) -> int:
@@ -242,7 +241,16 @@ class Engine:
         result: StepResult,
         features: torch.Tensor | None = None,
     ) -> None:
-        kept = seq.append(tokens)
+        self._output(seq, seq.append(tokens), result, features)
+
+    @staticmethod
+    def _output(
+        seq: Sequence,
+        kept: list[int],
+        result: StepResult,
+        features: torch.Tensor | None = None,
+    ) -> None:
+        """The step's output for one sequence: the tokens it kept, and its stats so far."""
         result.outputs.append(
             RequestOutput(
                 seq.request_id,
