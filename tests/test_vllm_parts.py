@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from dcoco.model.causal_lm import CausalLM
 from prometheus_client import CollectorRegistry, generate_latest
 
 from cli_checks import one_line
 from dcoco.checkpoint import CheckpointError, load_drafter, save_drafter, save_target
 from dcoco.cli import main
+from dcoco.model.causal_lm import CausalLM
 from dcoco.settings import WorkerSettings
 from dcoco.shared.options import Mode, Rule
 from dcoco.spec.drafter import DCOCO_ARCHITECTURE, DFLASH_ARCHITECTURE, DFlashDrafter
