@@ -123,7 +123,7 @@ def test_the_command_line_offers_what_the_modules_know() -> None:
     """The command module stays light, so it repeats these names."""
     from dcoco.bench import prompts, variants
     from dcoco.commands import bench
-    from dcoco.eval.suites import BENCH_SUITES
+    from dcoco.suites import BENCH_SUITES
 
     assert bench.SUITES == BENCH_SUITES
     assert tuple(prompts.SAMPLING) == bench.MODES

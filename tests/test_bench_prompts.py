@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from dcoco.bench.prompts import Item, Mode, calls, load_suites, modes, sample
-from dcoco.eval.suites import Suite, load_suite
+from dcoco.suites import Suite, load_suite
 from dcoco.paths import DEFAULT_HELDOUT
 from dcoco.shared.errors import UsageError
 

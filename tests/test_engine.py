@@ -107,8 +107,7 @@ def test_statistics_add_up(pair: Pair) -> None:
     )
     for cycle in cycles:
         assert len(cycle.accepted_lengths) == cycle.verifications
-        # accepted + bonus, less what a stop or the length limit cut off in a last cycle
-        assert sum(cycle.accepted_lengths) <= cycle.accepted_tokens + cycle.verifications
+        assert sum(cycle.accepted_lengths) == cycle.accepted_tokens + cycle.verifications
         per_position = cycle.accepted_per_position
         assert per_position == sorted(per_position, reverse=True)  # acceptance is a prefix
         assert sum(per_position) == cycle.accepted_tokens
@@ -120,9 +119,9 @@ def test_statistics_add_up(pair: Pair) -> None:
     total_verifications = sum(c.verifications for c in cycles)
     total_accepted = sum(c.accepted_tokens for c in cycles)
     assert sum(c.stats.verifications for c in completions) == total_verifications
-    assert sum(c.stats.accepted_tokens for c in completions) == total_accepted
-    generated = sum(len(c.token_ids) - 1 for c in completions)  # the first comes from prefill
-    assert sum(sum(c.accepted_lengths) for c in cycles) == generated  # every committed token
+    # Requests count only accepted drafted tokens that reached their output; cycles count all
+    # the verifier accepted, some of which the length limit then cut.
+    assert sum(c.stats.accepted_tokens for c in completions) <= total_accepted
     for completion in completions:
         committed = completion.stats.verifications + completion.stats.accepted_tokens
         assert committed >= len(completion.token_ids) - 1
@@ -182,3 +181,15 @@ def test_mismatched_models_are_refused(pair: Pair) -> None:
             DFlashDrafter(drafter.config.without_corrector()),
             EngineConfig(mode=Mode.DCOCO),
         )
+
+
+def test_usage_counts_only_accepted_tokens_that_reached_the_output(pair: Pair) -> None:
+    """With max_tokens 3, a cycle commits at most 2 tokens after the prefill's one, however many
+    drafted tokens the verifier accepted; the cycle statistics (the metrics) keep them all."""
+    completions, cycles = engine(pair).generate(PROMPTS, SamplingParams(max_tokens=3))
+    for completion in completions:
+        assert len(completion.token_ids) == 3
+        assert completion.stats.accepted_tokens <= 2
+    assert sum(c.accepted_tokens for c in cycles) >= sum(
+        c.stats.accepted_tokens for c in completions
+    )

@@ -107,7 +107,7 @@ def test_the_command_line_offers_exactly_what_the_pipeline_and_runner_know() -> 
     from dcoco.commands import eval as eval_command
     from dcoco.commands import train as train_command
     from dcoco.eval.runner import SETTING_NAMES, VARIANT_NAMES
-    from dcoco.eval.suites import SUITES
+    from dcoco.suites import SUITES
     from dcoco.train.pipeline import STAGE_NAMES
 
     assert train_command.STAGES == STAGE_NAMES

@@ -24,6 +24,7 @@ LAYERS: dict[str, set[str]] = {
     "tokenizer": set(),
     "model": set(),
     "queue": set(),
+    "suites": {"shared"},
     "spec": {"model", "shared"},
     "checkpoint": {"model", "spec"},
     "engine": {"checkpoint", "model", "shared", "spec"},
@@ -36,7 +37,7 @@ LAYERS: dict[str, set[str]] = {
     "serve": {"shared"},
     "generate": {"checkpoint", "engine", "settings", "shared", "tokenizer"},
     "train": {"checkpoint", "engine", "model", "paths", "shared", "spec", "tokenizer"},
-    "eval": {"checkpoint", "engine", "generate", "model", "paths", "shared", "spec", "tokenizer"},
+    "eval": {"checkpoint", "engine", "model", "paths", "shared", "spec", "suites", "tokenizer"},
     "bench": {
         "checkpoint",
         "engine",
@@ -48,6 +49,7 @@ LAYERS: dict[str, set[str]] = {
         "settings",
         "shared",
         "spec",
+        "suites",
         "tokenizer",
         "vllm",
         "worker",
@@ -61,7 +63,7 @@ LAYERS: dict[str, set[str]] = {
 LAZY: dict[str, set[str]] = {
     "worker.engines": {"engine", "vllm"},
     **{
-        f"commands.{path.stem}": set(LAYERS) - {"bench", "cli", "commands", "__main__"}
+        f"commands.{path.stem}": set(LAYERS) - {"cli", "commands", "__main__"}
         for path in (SOURCE / "commands").glob("*.py")
     },
 }
@@ -69,6 +71,7 @@ LAZY: dict[str, set[str]] = {
 # beyond the standard library.
 TORCH_FREE = {
     "shared",
+    "suites",
     "paths",
     "logs",
     "tokenizer",

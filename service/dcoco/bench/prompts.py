@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dcoco.bench.client import Call, Message
-from dcoco.eval.suites import Suite, file_suite, load_suite
+from dcoco.suites import Suite, file_suite, load_suite
 from dcoco.shared.errors import UsageError
 
 SAMPLING = {"greedy": 0.0, "t1": 1.0}

@@ -10,7 +10,7 @@ from dcoco.paths import DEFAULT_HELDOUT, DEFAULT_MODELS, REPO_ROOT
 from dcoco.shared.errors import UsageError
 
 T = TypeVar("T")
-# Repeated from dcoco.eval.suites, dcoco.bench.prompts and dcoco.bench.variants, which this
+# Repeated from dcoco.suites, dcoco.bench.prompts and dcoco.bench.variants, which this
 # module does not import so that building the parser stays light; a test keeps them equal.
 SUITES = (
     "code",

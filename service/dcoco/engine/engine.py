@@ -200,17 +200,23 @@ class Engine:
         for seq, held, overridden, tokens in rows:  # held: drafted tokens the verifier kept
             seq.num_cached += held + 1
             kept = seq.append(tokens[: held + 1])
-            used = min(held, len(kept))  # of those, the ones that reached the output
-            row = SpecStats(
+            verdict_row = SpecStats(
                 verifications=1,
                 draft_tokens=k,
-                accepted_tokens=used,
-                accepted_per_position=[int(p < used) for p in range(self.block)],
+                accepted_tokens=held,
+                accepted_per_position=[int(p < held) for p in range(self.block)],
                 corrected_tokens=sum(overridden),
-                corrected_accepted_tokens=sum(overridden[:used]),
+                corrected_accepted_tokens=sum(overridden[:held]),
                 seconds=seconds,
             )
-            self._record(seq, row, cycle, len(kept))
+            used = min(held, len(kept))  # a stop or the length limit may cut the cycle short
+            output_row = replace(
+                verdict_row,
+                accepted_tokens=used,
+                accepted_per_position=[int(p < used) for p in range(self.block)],
+                corrected_accepted_tokens=sum(overridden[:used]),
+            )
+            self._record(seq, verdict_row, cycle, held + 1, output_row)
             self._output(seq, kept, result)
         return cycle
 
@@ -229,10 +235,20 @@ class Engine:
             self.planner.observe(len(seqs), k, accepted, fixed_s, verify_s)
 
     @staticmethod
-    def _record(seq: Sequence, row: SpecStats, cycle: CycleStats, accepted_length: int) -> None:
-        seq.stats.add(row)
+    def _record(
+        seq: Sequence,
+        row: SpecStats,
+        cycle: CycleStats,
+        accepted_length: int,
+        output_row: SpecStats | None = None,
+    ) -> None:
+        """Adds one verification to the cycle's statistics as the verifier saw it (what the
+        metrics count, as vLLM's do), and to the request's as its output saw it (what `usage`
+        reports): `output_row` leaves out accepted drafted tokens that a stop or the length
+        limit kept from the output."""
         cycle.add(replace(row, seconds={}))
         cycle.accepted_lengths.append(accepted_length)
+        seq.stats.add(output_row or row)
 
     def _emit(
         self,
