@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from dcoco.bench.prompts import Item, Mode, calls, load_suites, modes, sample
-from dcoco.suites import Suite, load_suite
 from dcoco.paths import DEFAULT_HELDOUT
 from dcoco.shared.errors import UsageError
+from dcoco.suites import Suite, load_suite
 
 
 def test_aime_gpqa_and_mtbench_second_turns_load_offline(tmp_path: Path) -> None:

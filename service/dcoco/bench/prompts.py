@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from dcoco.bench.client import Call, Message
-from dcoco.suites import Suite, file_suite, load_suite
 from dcoco.shared.errors import UsageError
+from dcoco.suites import Suite, file_suite, load_suite
 
 SAMPLING = {"greedy": 0.0, "t1": 1.0}
 THINKING = {"default": (None,), "on": (True,), "off": (False,), "both": (True, False)}

@@ -18,11 +18,11 @@ from dcoco.eval.coverage import measure_coverage
 from dcoco.eval.plots import acceptance_by_position, coverage_by_depth, speedup_by_suite
 from dcoco.eval.report import goals, markdown, run_record
 from dcoco.eval.runner import SETTINGS, VARIANTS, Measurement, Models, compare_to_vanilla, measure
-from dcoco.suites import Suite, file_suite, load_suite
 from dcoco.paths import REPO_ROOT
 from dcoco.shared.errors import UsageError
 from dcoco.shared.options import Precision
 from dcoco.spec.drafter import DFlashDrafter
+from dcoco.suites import Suite, file_suite, load_suite
 from dcoco.tokenizer import Tokenizer, TokenizerError, chat_prompt
 
 COVERAGE_DRAFTERS = ("dflash", "dcoco")
