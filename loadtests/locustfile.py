@@ -36,7 +36,7 @@ from locust.argument_parser import LocustArgumentParser
 @events.init_command_line_parser.add_listener
 def add_arguments(parser: LocustArgumentParser) -> None:
     group = parser.add_argument_group("dcoco")
-    group.add_argument("--model", default="dcoco-default", help="model to ask for")
+    group.add_argument("--model", default="dcoco-smollm2", help="model to ask for")
     group.add_argument("--api-key", default="", help="Bearer key, when the gateway has auth on")
     group.add_argument("--max-tokens", type=int, default=128, help="max_tokens per request")
     group.add_argument(

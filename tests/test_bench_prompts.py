@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from dcoco.bench.prompts import Item, Mode, calls, load_suites, modes, sample
-from dcoco.paths import DEFAULT_HELDOUT
+from dcoco.paths import TINY_HELDOUT
 from dcoco.shared.errors import UsageError
 from dcoco.suites import Suite, load_suite
 
@@ -69,6 +69,6 @@ def test_suites_need_distinct_names(tmp_path: Path) -> None:
     code = tmp_path / "code.jsonl"
     code.write_text('{"prompt": "x"}\n')
     with pytest.raises(UsageError, match="share a name: code"):
-        load_suites(["code"], [code], DEFAULT_HELDOUT)
+        load_suites(["code"], [code], TINY_HELDOUT)
     with pytest.raises(UsageError, match="nothing to send"):
-        load_suites([], [], DEFAULT_HELDOUT)
+        load_suites([], [], TINY_HELDOUT)

@@ -130,8 +130,8 @@ def test_the_cpu_worker_image_installs_the_torch_engine(tmp_path: Path) -> None:
         bin_dir,
         "from dcoco.engine.load import load_engine\n"
         "from dcoco.shared.engine_config import EngineConfig\n"
-        f"engine = load_engine({str(ROOT / 'models/default/target')!r}, "
-        f"{str(ROOT / 'models/default/dcoco')!r}, EngineConfig())\n"
+        f"engine = load_engine({str(ROOT / 'models/tiny/target')!r}, "
+        f"{str(ROOT / 'models/tiny/dcoco')!r}, EngineConfig())\n"
         "print('engine', engine.block)",
     )
     assert out.strip() == "engine 15"

@@ -119,7 +119,7 @@ def test_the_command_line_offers_exactly_what_the_pipeline_and_runner_know() -> 
 def test_the_packaged_suites_load_offline_and_say_how_to_install_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dcoco.eval import suites
+    from dcoco import suites
     from dcoco.shared.errors import UsageError
 
     sizes = {"humaneval": 164, "gsm8k": 1319, "mtbench": 80}

@@ -97,7 +97,7 @@ def test_the_schema_refuses_bad_values() -> None:
 def test_vllm_workers_get_gpus_and_torch_workers_do_not() -> None:
     manifests = render("two-models")
     vllm = named(manifests, "Deployment", "worker-qwen-qwen3-8b-dcoco")
-    torch = named(manifests, "Deployment", "worker-dcoco-default")
+    torch = named(manifests, "Deployment", "worker-dcoco-smollm2")
     resources = container(vllm)["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == 2
     assert resources["requests"]["nvidia.com/gpu"] == 2
@@ -128,7 +128,7 @@ def test_vllm_workers_get_gpus_and_torch_workers_do_not() -> None:
     assert "DCOCO_TARGET" not in env(torch)  # the image's embedded default model
     assert torch["spec"]["replicas"] == 2
     # The default chart: one vLLM model on one GPU.
-    default = named(render(), "Deployment", "worker-dcoco-default")
+    default = named(render(), "Deployment", "worker-dcoco-smollm2")
     assert container(default)["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 
@@ -141,7 +141,7 @@ def test_registry_prefix_and_digest() -> None:
     )
     digest = "sha256:" + "a" * 64
     manifests = render(None, f"engineDefaults.vllm.image.digest={digest}")
-    assert container(named(manifests, "Deployment", "worker-dcoco-default"))["image"] == (
+    assert container(named(manifests, "Deployment", "worker-dcoco-smollm2"))["image"] == (
         f"dcoco-worker-vllm@{digest}"
     )
 
@@ -179,7 +179,7 @@ def test_redis_password_comes_from_its_secret() -> None:
     manifests = render()
     secret = named(manifests, "Secret", "-redis")
     assert set(secret["data"]) == {"redis-password"}
-    for name in ("gateway", "worker-dcoco-default"):
+    for name in ("gateway", "worker-dcoco-smollm2"):
         workload = named(manifests, "Deployment", name)
         entries = [e["name"] for e in container(workload)["env"]]
         # $(REDIS_PASSWORD) only expands if the variable is defined earlier in the list.
@@ -298,7 +298,7 @@ def test_network_policies_admit_only_what_they_should() -> None:
         p["metadata"]["name"].rsplit("-", 1)[-1]: p for p in of_kind(manifests, "NetworkPolicy")
     }
     gateway = pod_labels(named(manifests, "Deployment", "gateway"))
-    worker = pod_labels(named(manifests, "Deployment", "worker-dcoco-default"))
+    worker = pod_labels(named(manifests, "Deployment", "worker-dcoco-smollm2"))
     redis = pod_labels(named(manifests, "StatefulSet", "redis"))
     prometheus = {"app.kubernetes.io/name": "prometheus"}
 
@@ -406,7 +406,7 @@ def test_model_names_become_resource_names_and_must_be_distinct() -> None:
     names = sorted(d["metadata"]["name"] for d in of_kind(manifests, "Deployment"))
     assert names == [
         "dcoco-gateway",
-        "dcoco-worker-dcoco-default",
+        "dcoco-worker-dcoco-smollm2",
         "dcoco-worker-qwen-qwen3-8b-dcoco",
     ]
     with pytest.raises(RuntimeError, match="map to the same resource name"):

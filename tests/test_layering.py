@@ -34,7 +34,7 @@ LAYERS: dict[str, set[str]] = {
     "settings": {"paths", "shared"},
     "gateway": {"queue", "settings", "shared", "tokenizer"},
     "worker": {"queue", "settings", "shared", "tokenizer"},
-    "serve": {"shared"},
+    "serve": {"paths", "shared"},
     "generate": {"checkpoint", "engine", "settings", "shared", "tokenizer"},
     "train": {"checkpoint", "engine", "model", "paths", "shared", "spec", "tokenizer"},
     "eval": {"checkpoint", "engine", "model", "paths", "shared", "spec", "suites", "tokenizer"},

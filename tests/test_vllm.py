@@ -11,7 +11,7 @@ import torch
 
 from dcoco.checkpoint import load_drafter, load_target
 from dcoco.engine.engine import Engine
-from dcoco.paths import DEFAULT_DCOCO, DEFAULT_HELDOUT, DEFAULT_TARGET
+from dcoco.paths import TINY_DCOCO, TINY_HELDOUT, TINY_TARGET
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Rule
 from dcoco.shared.sampling import SamplingParams
@@ -49,16 +49,16 @@ class Torch:
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    tokenizer = Tokenizer.from_dir(DEFAULT_TARGET)
-    lines = (DEFAULT_HELDOUT / "code.jsonl").read_text().splitlines()[:PROMPTS]
+    tokenizer = Tokenizer.from_dir(TINY_TARGET)
+    lines = (TINY_HELDOUT / "code.jsonl").read_text().splitlines()[:PROMPTS]
     chats = [[{"role": "user", "content": json.loads(line)["prompt"]}] for line in lines]
     return [tokenizer.encode(tokenizer.render_chat(chat)) for chat in chats]
 
 
 def torch_run(mode: Mode, drafter: Path | None, prompts: list[list[int]]) -> Torch:
-    eos = Tokenizer.from_dir(DEFAULT_TARGET).eos_token_ids
+    eos = Tokenizer.from_dir(TINY_TARGET).eos_token_ids
     engine = Engine(
-        load_target(DEFAULT_TARGET),
+        load_target(TINY_TARGET),
         load_drafter(drafter) if drafter else None,
         EngineConfig(mode=mode, max_batch_size=PROMPTS, eos_token_ids=eos),
     )
@@ -74,13 +74,13 @@ def served(
     checkpoint exported as plain DFlash for stock vLLM."""
     root = tmp_path_factory.mktemp("vllm")
     plain = root / "dflash-export"
-    export_drafter(DEFAULT_DCOCO, plain, ExportOptions(format="dflash"))
+    export_drafter(TINY_DCOCO, plain, ExportOptions(format="dflash"))
     (root / "dcoco").mkdir()
     (root / "dflash").mkdir()
     log = root / "drafts.jsonl"
     return {
         "dcoco": offline(
-            root / "dcoco", DEFAULT_DCOCO, prompts, MAX_TOKENS, DCOCO_VLLM_DRAFT_LOG=str(log)
+            root / "dcoco", TINY_DCOCO, prompts, MAX_TOKENS, DCOCO_VLLM_DRAFT_LOG=str(log)
         ),
         "dflash": offline(root / "dflash", plain, prompts, MAX_TOKENS),
         "log": {"path": str(log)},
@@ -98,7 +98,7 @@ def test_greedy_output_is_the_target_s_own(
 def test_acceptance_beats_plain_dflash_and_matches_the_torch_engine(
     served: dict[str, dict[str, Any]], prompts: list[list[int]]
 ) -> None:
-    ours = torch_run(Mode.DCOCO, DEFAULT_DCOCO, prompts)
+    ours = torch_run(Mode.DCOCO, TINY_DCOCO, prompts)
     dcoco, dflash = served["dcoco"], served["dflash"]
     assert (dcoco["drafts"], dcoco["accepted_tokens"]) == (ours.verifications, ours.accepted)
     assert dcoco["accepted_per_position"] == ours.per_position
@@ -125,7 +125,7 @@ def test_probabilistic_drafting_goes_through_the_corrector(
     DCOCO walk's draft (deterministic, so q is one-hot) and accepts some of it."""
     log = tmp_path / "drafts.jsonl"
     flags = ("--draft-sample-method", "probabilistic", "--temperature", "0.7", "--seed", "3")
-    result = offline(tmp_path, DEFAULT_DCOCO, prompts[:4], 48, flags, DCOCO_VLLM_DRAFT_LOG=str(log))
+    result = offline(tmp_path, TINY_DCOCO, prompts[:4], 48, flags, DCOCO_VLLM_DRAFT_LOG=str(log))
     assert result["accepted_tokens"] > 0
     assert all(len(tokens) > 0 for tokens in result["token_ids"])
     assert corrected_drafts(log.read_text().splitlines()) > 0
@@ -134,7 +134,7 @@ def test_probabilistic_drafting_goes_through_the_corrector(
 def corrected_drafts(lines: list[str]) -> int:
     """Checks each logged draft against our corrector and walk; returns how many drafted
     tokens they corrected."""
-    target, drafter = load_target(DEFAULT_TARGET), load_drafter(DEFAULT_DCOCO)
+    target, drafter = load_target(TINY_TARGET), load_drafter(TINY_DCOCO)
     assert drafter.corrector is not None
     corrected = 0
     with torch.inference_mode():
@@ -270,7 +270,7 @@ config = SimpleNamespace(speculative_config=SimpleNamespace(
     method="dflash", draft_model_config=SimpleNamespace(architectures=["DFlashDCOCODraftModel"])))
 print("DISPATCH", package.init_speculator(config, "cuda:0", None))
 """
-    done = run_python(f"TARGET, DRAFTER = {str(DEFAULT_TARGET)!r}, {str(DEFAULT_DCOCO)!r}\n" + code)
+    done = run_python(f"TARGET, DRAFTER = {str(TINY_TARGET)!r}, {str(TINY_DCOCO)!r}\n" + code)
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "SHAPE (3, 15, 16, 16)" in out

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from dcoco.paths import DEFAULT_DCOCO, DEFAULT_TARGET, REPO_ROOT
+from dcoco.paths import REPO_ROOT, TINY_DCOCO, TINY_TARGET
 
 VLLM_VENV = Path(os.environ.get("DCOCO_VLLM_VENV", REPO_ROOT / ".venv-vllm"))
 VLLM_PYTHON = str((VLLM_VENV / "bin" / "python").absolute())  # not resolved: keep the venv
@@ -15,7 +15,7 @@ VLLM_PYTHON = str((VLLM_VENV / "bin" / "python").absolute())  # not resolved: ke
 # is VLLM_CPU_KVCACHE_SPACE); its 0.92 default fails whenever this shared machine is busy.
 MEMORY_SHARE = "0.3"
 WORKER_ARGS = json.dumps({"gpu_memory_utilization": float(MEMORY_SHARE)})
-EMBEDDED = {"target": DEFAULT_TARGET, "dcoco": DEFAULT_DCOCO}
+EMBEDDED = {"target": TINY_TARGET, "dcoco": TINY_DCOCO}
 TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 
 
@@ -60,7 +60,7 @@ def offline(
     require_vllm()
     prompt_file, out = root / "prompts.jsonl", root / "out.json"
     prompt_file.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts))
-    args = [VLLM_PYTHON, "-m", "dcoco.vllm.offline", "--target", str(DEFAULT_TARGET)]
+    args = [VLLM_PYTHON, "-m", "dcoco.vllm.offline", "--target", str(TINY_TARGET)]
     args += ["--prompts", str(prompt_file), "--out", str(out), "--max-tokens", str(max_tokens)]
     args += ["--drafter", str(drafter)] if drafter else []
     args += ["--gpu-memory-utilization", MEMORY_SHARE, *extra]

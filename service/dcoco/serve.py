@@ -1,6 +1,6 @@
-"""`dcoco serve`: the embedded stack on one machine, a private Redis, one torch worker and the
-gateway, each its own process. Ctrl-C (or SIGTERM) stops them in order: gateway, worker (which
-drains), Redis."""
+"""`dcoco serve`: the embedded stack on one machine, a private Redis, a torch worker per model
+and the gateway, each its own process. Ctrl-C (or SIGTERM) stops them in order: gateway,
+workers (which drain), Redis."""
 
 import os
 import shutil
@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from dcoco.paths import DEFAULT_MODEL_NAME, SMOLLM2_MODELS, TINY_MODEL_NAME, TINY_MODELS
 from dcoco.shared.errors import UsageError
 
 READY_TIMEOUT_S = 180.0
@@ -100,19 +101,46 @@ def stop(children: list[subprocess.Popen[bytes]], drain_s: float) -> None:
                 child.wait()
 
 
-def serve(host: str, port: int, worker_env: dict[str, str]) -> int:
+EMBEDDED = {  # the pairs in models/, by the name `dcoco serve --models` knows them
+    "smollm2": (DEFAULT_MODEL_NAME, SMOLLM2_MODELS),
+    "tiny": (TINY_MODEL_NAME, TINY_MODELS),
+}
+
+
+def embedded_workers(models: list[str], given: dict[str, str]) -> list[dict[str, str]]:
+    """Each worker's settings: one for a target named by flag or DCOCO_TARGET, else one per
+    embedded pair, on consecutive metrics ports from DCOCO_METRICS_PORT (9400)."""
+    if "DCOCO_TARGET" in given or "DCOCO_TARGET" in os.environ:
+        return [given]
+    base = int(os.environ.get("DCOCO_METRICS_PORT", "9400"))
+    workers = []
+    for index, name in enumerate(models):
+        model_name, folder = EMBEDDED[name]
+        workers.append(
+            {
+                "DCOCO_MODEL_NAME": model_name,
+                "DCOCO_TARGET": str(folder / "target"),
+                "DCOCO_DRAFTER": str(folder / "dcoco"),
+                "DCOCO_METRICS_PORT": str(base + index if base else 0),
+            }
+            | given
+        )
+    return workers
+
+
+def serve(host: str, port: int, workers_env: list[dict[str, str]]) -> int:
     if not port_is_free(host, port):
         raise UsageError(f"{host}:{port} is already in use")
-    env = dict(os.environ) | worker_env | {"DCOCO_HOST": host, "DCOCO_PORT": str(port)}
+    env = dict(os.environ) | {"DCOCO_HOST": host, "DCOCO_PORT": str(port)}
     with tempfile.TemporaryDirectory(prefix="dcoco-redis-") as folder:
         redis = None
         if "DCOCO_REDIS_URL" not in env:
             redis_port = free_port()
             redis = start_redis(redis_port, Path(folder))
             env["DCOCO_REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
-        worker = dcoco("worker", env)
+        workers = [dcoco("worker", env | worker) for worker in workers_env]
         gateway = dcoco("gateway", env)
-        running = [gateway, worker] + ([redis] if redis else [])
+        running = [gateway, *workers] + ([redis] if redis else [])
         stopping = False
 
         def request_stop(signum: int, frame: object) -> None:

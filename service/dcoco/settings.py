@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from dcoco.paths import DEFAULT_DCOCO, DEFAULT_TARGET
+from dcoco.paths import DEFAULT_DCOCO, DEFAULT_MODEL_NAME, DEFAULT_TARGET
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.errors import UsageError
 from dcoco.shared.options import Mode, Precision, Rule
@@ -118,7 +118,7 @@ class EngineSettings(BaseSettings):
 
 
 class WorkerSettings(QueueSettings, EngineSettings):
-    model_name: str = "dcoco-default"  # the `model` clients ask for
+    model_name: str = DEFAULT_MODEL_NAME  # the `model` clients ask for
     # torch: the embedded engine. vllm: AsyncLLM with the DCOCO drafter through our plugin
     # (needs vLLM installed). instant: a test and benchmark fixture that answers with a fixed
     # text and runs no model; never a serving engine.

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
-from dcoco.paths import DEFAULT_DCOCO, DEFAULT_TARGET
+from dcoco.paths import TINY_DCOCO, TINY_TARGET
 from dcoco.serve import dcoco, free_port, start_redis, stop, wait_ready
 from dcoco.settings import WorkerSettings
 from dcoco.shared.protocol import EngineClient, EngineRequest
@@ -254,8 +254,8 @@ def main() -> None:
     parser.add_argument(
         "--engines", nargs="+", default=["instant", "torch"], choices=["instant", "torch"]
     )
-    parser.add_argument("--target", type=Path, default=DEFAULT_TARGET)
-    parser.add_argument("--drafter", type=Path, default=DEFAULT_DCOCO)
+    parser.add_argument("--target", type=Path, default=TINY_TARGET)
+    parser.add_argument("--drafter", type=Path, default=TINY_DCOCO)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--concurrency", type=int, default=64)

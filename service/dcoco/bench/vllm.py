@@ -29,10 +29,10 @@ from pathlib import Path
 import openai
 
 from dcoco.bench.vllm_acceptance import acceptance_rows
-from dcoco.paths import DEFAULT_DCOCO, DEFAULT_HELDOUT, DEFAULT_TARGET
+from dcoco.paths import TINY_DCOCO, TINY_HELDOUT, TINY_MODEL_NAME, TINY_TARGET
 from dcoco.serve import free_port, start_redis, stop
 
-MODEL = "dcoco-default"
+MODEL = TINY_MODEL_NAME
 PAUSE_S = 5.0  # lets the previous server's processes go quiet
 READY_S = 300.0
 # On CPU this only sizes vLLM's start-up check of free memory (the KV cache is
@@ -51,7 +51,7 @@ def vllm_env(python: str) -> dict[str, str]:
 
 def prompts(per_suite: int) -> list[str]:
     lines = []
-    for suite in sorted(DEFAULT_HELDOUT.glob("*.jsonl")):
+    for suite in sorted(TINY_HELDOUT.glob("*.jsonl")):
         lines += suite.read_text().splitlines()[:per_suite]
     return [json.loads(line)["prompt"] for line in lines]
 
@@ -130,9 +130,9 @@ def wait_ready(url: str, processes: list[subprocess.Popen[bytes]], log: Path) ->
 
 def vllm_server(args: argparse.Namespace, folder: Path) -> dict[str, float]:
     port = free_port()
-    spec = {"method": "dflash", "model": str(DEFAULT_DCOCO), "num_speculative_tokens": 15}
+    spec = {"method": "dflash", "model": str(TINY_DCOCO), "num_speculative_tokens": 15}
     command = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--port", str(port)]
-    command += ["--host", "127.0.0.1", "--model", str(DEFAULT_TARGET), "--dtype", "float32"]
+    command += ["--host", "127.0.0.1", "--model", str(TINY_TARGET), "--dtype", "float32"]
     command += ["--served-model-name", MODEL, "--max-model-len", "1024", "--seed", "0"]
     command += ["--speculative-config", json.dumps(spec), "--max-num-seqs", str(args.concurrency)]
     command += ["--gpu-memory-utilization", str(MEMORY_SHARE)]

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from dcoco.paths import DEFAULT_DCOCO, DEFAULT_HELDOUT, DEFAULT_TARGET
+from dcoco.paths import TINY_DCOCO, TINY_HELDOUT, TINY_TARGET
 from dcoco.shared.options import Mode
 from dcoco.vllm.export import ExportOptions, export_drafter
 
@@ -22,9 +22,9 @@ from dcoco.vllm.export import ExportOptions, export_drafter
 def suite_prompts(per_suite: int) -> list[list[int]]:
     from dcoco.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_dir(DEFAULT_TARGET)
+    tokenizer = Tokenizer.from_dir(TINY_TARGET)
     prompts = []
-    for suite in sorted(DEFAULT_HELDOUT.glob("*.jsonl")):
+    for suite in sorted(TINY_HELDOUT.glob("*.jsonl")):
         for line in suite.read_text().splitlines()[:per_suite]:
             chat = [{"role": "user", "content": json.loads(line)["prompt"]}]
             prompts.append(tokenizer.encode(tokenizer.render_chat(chat)))
@@ -35,7 +35,7 @@ def in_vllm(
     python: str, env: dict[str, str], drafter: Path, prompts: Path, max_tokens: int, folder: Path
 ) -> dict[str, Any]:
     out = folder / f"{drafter.name}.json"
-    args = [python, "-m", "dcoco.vllm.offline", "--target", str(DEFAULT_TARGET), "--drafter"]
+    args = [python, "-m", "dcoco.vllm.offline", "--target", str(TINY_TARGET), "--drafter"]
     args += [str(drafter), "--prompts", str(prompts), "--out", str(out)]
     args += ["--max-tokens", str(max_tokens), "--gpu-memory-utilization", "0.3"]
     with (folder / f"{drafter.name}.log").open("w") as log:
@@ -49,9 +49,9 @@ def in_torch(mode: Mode, prompts: list[list[int]], max_tokens: int) -> dict[str,
     from dcoco.shared.sampling import SamplingParams
     from dcoco.tokenizer import Tokenizer
 
-    eos = Tokenizer.from_dir(DEFAULT_TARGET).eos_token_ids
+    eos = Tokenizer.from_dir(TINY_TARGET).eos_token_ids
     cfg = EngineConfig(mode=mode, max_batch_size=len(prompts), eos_token_ids=eos)
-    engine = load_engine(DEFAULT_TARGET, DEFAULT_DCOCO, cfg)  # dflash mode: its top-1
+    engine = load_engine(TINY_TARGET, TINY_DCOCO, cfg)  # dflash mode: its top-1
     completions, cycles = engine.generate(prompts, SamplingParams(max_tokens=max_tokens))
     return {
         "token_ids": [c.token_ids for c in completions],
@@ -68,10 +68,10 @@ def acceptance_rows(python: str, env: dict[str, str], per_suite: int, max_tokens
         prompt_file = folder / "prompts.jsonl"
         prompt_file.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts))
         top1, plain = folder / "dcoco-k1", folder / "dflash-export"
-        export_drafter(DEFAULT_DCOCO, top1, ExportOptions(top_k=1))
-        export_drafter(DEFAULT_DCOCO, plain, ExportOptions(format="dflash"))
+        export_drafter(TINY_DCOCO, top1, ExportOptions(top_k=1))
+        export_drafter(TINY_DCOCO, plain, ExportOptions(format="dflash"))
         for name, drafter in (
-            ("DCOCO", DEFAULT_DCOCO),
+            ("DCOCO", TINY_DCOCO),
             ("DCOCO, K = 1", top1),
             ("stock DFlash", plain),
         ):

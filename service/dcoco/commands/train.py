@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from dcoco.commands.args import positive_int
-from dcoco.paths import DEFAULT_MODELS, REPO_ROOT, SMOLLM2_MODELS
+from dcoco.paths import REPO_ROOT, SMOLLM2_MODELS, TINY_MODELS
 from dcoco.shared.errors import UsageError
 
 STAGES = ("corpus", "tokenizer", "target", "distill", "dflash", "dcoco", "dcoco-frozen")
@@ -24,21 +24,21 @@ def positive_float(text: str) -> float:
 def configure(train: argparse.ArgumentParser) -> None:
     train.add_argument(
         "--preset",
-        choices=["default", "smollm2", "smoke"],
-        default="default",
-        help="default: the 4.2M pair (about 55 min on 2 cores); smollm2: drafters for "
-        "SmolLM2-135M-Instruct (about 2 hours); smoke: seconds, for tests",
+        choices=["tiny", "smollm2", "smoke"],
+        default="smollm2",
+        help="smollm2: the default pair's drafters for SmolLM2-135M-Instruct (about 2 hours on 2 "
+        "cores); tiny: the 4.2M pair from scratch (about 55 minutes); smoke: seconds, for tests",
     )
     train.add_argument(
         "--out",
         type=Path,
-        help="where the exported models go; default: models/default or models/smollm2",
+        help="where the exported models go; default: models/smollm2 or models/tiny",
     )
     train.add_argument(
         "--work",
         type=Path,
         help="stage outputs; a rerun resumes from the first stage that is not up to date; "
-        "default: build/train-default or build/train-smollm2",
+        "default: build/train-tiny or build/train-smollm2",
     )
     train.add_argument(
         "--rerun", nargs="+", choices=STAGES, default=[], help="stages to run again anyway"
@@ -53,7 +53,7 @@ def configure(train: argparse.ArgumentParser) -> None:
     )
 
 
-SHIPPED = {"default": DEFAULT_MODELS, "smollm2": SMOLLM2_MODELS}
+SHIPPED = {"tiny": TINY_MODELS, "smollm2": SMOLLM2_MODELS}
 
 
 def run(args: argparse.Namespace) -> None:

@@ -1,4 +1,4 @@
-"""Training the embedded default model pair on CPU (`dcoco train`, `make train-default`).
+"""Training the embedded model pairs on CPU (`dcoco train`).
 
 Stages, each resumable: corpus (stdlib code, synthetic math, docstring prose, as chat turns),
 tokenizer (byte-level BPE), target (a small Qwen3), distill (the target's greedy

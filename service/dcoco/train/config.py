@@ -1,8 +1,8 @@
 """Hyperparameters of every stage, with the reason for each default beside it.
 
-`DEFAULT` is what `make train-default` runs and what shipped in `models/default`; `SMOLLM2`
+`TINY` is what `make train-tiny` runs and what shipped in `models/tiny`; `SMOLLM2`
 is what `make train-smollm2` runs for the pretrained SmolLM2-135M-Instruct target and shipped in
-`models/smollm2`; `SMOKE` is the default pipeline shrunk to seconds, for tests.
+`models/smollm2`; `SMOKE` is the tiny pipeline shrunk to seconds, for tests.
 
 Each stage's budget is wall-clock seconds: a training stage anneals its learning rate against
 max(steps done / max_steps, time used / budget), so it finishes on time on a slow or busy
@@ -120,7 +120,7 @@ class PipelineConfig:
         return asdict(self)
 
 
-DEFAULT = PipelineConfig()
+TINY = PipelineConfig()
 
 # Smoke runs end on their step counts, never on time, so they are reproducible on a busy
 # machine; each stage takes a few seconds.
@@ -220,4 +220,4 @@ SMOLLM2 = PipelineConfig(
     heldout_prompts=64,
 )
 
-PRESETS = {"default": DEFAULT, "smollm2": SMOLLM2, "smoke": SMOKE}
+PRESETS = {"tiny": TINY, "smollm2": SMOLLM2, "smoke": SMOKE}

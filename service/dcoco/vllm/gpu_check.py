@@ -2,7 +2,7 @@
 
 1. The V2 runner serves the embedded pair; its greedy output equals plain vLLM's.
 2. DCOCO's accepted length against the same weights run as plain DFlash, on the held-out
-   prompts (`models/default/heldout/*.jsonl`).
+   prompts (`models/tiny/heldout/*.jsonl`).
 3. Correction cost (top-K, corrector scores, walk) against the drafting step at Qwen3-8B
    dimensions (hidden 4096, vocabulary 151,936, B = 15, K = 16, batch 1 to 32, random
    weights, bf16). Goal: under 3% of the step, and under 50 us at batch 32. The step here is
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dcoco.paths import DEFAULT_DCOCO, DEFAULT_HELDOUT, DEFAULT_TARGET
+from dcoco.paths import TINY_DCOCO, TINY_HELDOUT, TINY_TARGET
 
 PROMPTS_PER_SUITE = 16
 MAX_TOKENS = 128
@@ -54,9 +54,9 @@ def require_gpu() -> None:
 def heldout_prompts() -> list[list[int]]:
     from dcoco.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_dir(DEFAULT_TARGET)
+    tokenizer = Tokenizer.from_dir(TINY_TARGET)
     prompts = []
-    for suite in sorted(DEFAULT_HELDOUT.glob("*.jsonl")):
+    for suite in sorted(TINY_HELDOUT.glob("*.jsonl")):
         for line in suite.read_text().splitlines()[:PROMPTS_PER_SUITE]:
             chat = [{"role": "user", "content": json.loads(line)["prompt"]}]
             prompts.append(tokenizer.encode(tokenizer.render_chat(chat)))
@@ -66,7 +66,7 @@ def heldout_prompts() -> list[list[int]]:
 def offline(root: Path, name: str, drafter: Path | None) -> dict[str, Any]:
     """One vLLM process (V2 runner), greedy over the prompt file in `root`."""
     out = root / f"{name}.json"
-    args = [sys.executable, "-m", "dcoco.vllm.offline", "--target", str(DEFAULT_TARGET)]
+    args = [sys.executable, "-m", "dcoco.vllm.offline", "--target", str(TINY_TARGET)]
     args += ["--prompts", str(root / "prompts.jsonl"), "--out", str(out)]
     args += ["--max-tokens", str(MAX_TOKENS), "--max-num-seqs", "64"]
     args += ["--drafter", str(drafter)] if drafter else []
@@ -192,11 +192,11 @@ def run(work: Path) -> tuple[list[str], bool]:
         "".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts)
     )
     plain = offline(work, "plain", None)
-    dcoco = offline(work, "dcoco", DEFAULT_DCOCO)
+    dcoco = offline(work, "dcoco", TINY_DCOCO)
     same = sum(a == b for a, b in zip(plain["token_ids"], dcoco["token_ids"], strict=True))
     ok &= same == len(prompts)
     lines.append(f"1. V2 greedy output equals plain vLLM: {same}/{len(prompts)} prompts")
-    export_drafter(DEFAULT_DCOCO, work / "dflash-drafter", ExportOptions(format="dflash"))
+    export_drafter(TINY_DCOCO, work / "dflash-drafter", ExportOptions(format="dflash"))
     dflash = offline(work, "dflash", work / "dflash-drafter")
     lengths = {
         n: 1 + r["accepted_tokens"] / max(r["drafts"], 1)

@@ -1,4 +1,4 @@
-"""The embedded default model pair that ships in models/default."""
+"""The tiny model pair that ships in models/tiny."""
 
 import json
 
@@ -8,7 +8,7 @@ import torch
 from dcoco.checkpoint import load_drafter, load_target
 from dcoco.cli import main
 from dcoco.engine.engine import Engine
-from dcoco.paths import DEFAULT_HELDOUT, DEFAULT_MODELS, DEFAULT_TARGET
+from dcoco.paths import TINY_HELDOUT, TINY_MODELS, TINY_TARGET
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Rule
 from dcoco.shared.sampling import SamplingParams
@@ -19,19 +19,19 @@ MAX_BYTES = 40 * 1024 * 1024
 
 
 def heldout(domain: str, count: int) -> list[str]:
-    lines = (DEFAULT_HELDOUT / f"{domain}.jsonl").read_text().splitlines()[:count]
+    lines = (TINY_HELDOUT / f"{domain}.jsonl").read_text().splitlines()[:count]
     return [json.loads(line)["prompt"] for line in lines]
 
 
 def test_the_default_fits_its_size_budget_and_has_every_folder() -> None:
-    files = [p for p in DEFAULT_MODELS.rglob("*") if p.is_file()]
+    files = [p for p in TINY_MODELS.rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) <= MAX_BYTES
     for folder in ("target", *DRAFTERS):
-        assert (DEFAULT_MODELS / folder / "config.json").is_file()
-        assert (DEFAULT_MODELS / folder / "model.safetensors").is_file()
+        assert (TINY_MODELS / folder / "config.json").is_file()
+        assert (TINY_MODELS / folder / "model.safetensors").is_file()
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        assert (DEFAULT_TARGET / name).is_file()
-    assert {p.name for p in DEFAULT_HELDOUT.iterdir()} == {
+        assert (TINY_TARGET / name).is_file()
+    assert {p.name for p in TINY_HELDOUT.iterdir()} == {
         "code.jsonl",
         "math.jsonl",
         "prose.jsonl",
@@ -39,15 +39,15 @@ def test_the_default_fits_its_size_budget_and_has_every_folder() -> None:
 
 
 def test_the_configs_describe_a_qwen3_target_and_vllm_drafters() -> None:
-    tokenizer = Tokenizer.from_dir(DEFAULT_TARGET)
-    target = json.loads((DEFAULT_TARGET / "config.json").read_text())
+    tokenizer = Tokenizer.from_dir(TINY_TARGET)
+    target = json.loads((TINY_TARGET / "config.json").read_text())
     assert target["architectures"] == ["Qwen3ForCausalLM"]
     assert target["model_type"] == "qwen3"
     assert target["eos_token_id"] == tokenizer.token_id(IM_END)
     assert target["vocab_size"] >= tokenizer.vocab_size
     expected = {"dflash": "DFlashDraftModel", "dcoco": "DCOCODraftModel"}
     for name in DRAFTERS:
-        raw = json.loads((DEFAULT_MODELS / name / "config.json").read_text())
+        raw = json.loads((TINY_MODELS / name / "config.json").read_text())
         assert raw["architectures"] == [expected.get(name, "DCOCODraftModel")]
         assert raw["block_size"] == 15
         assert raw["dflash_config"]["mask_token_id"] == tokenizer.token_id(MASK)
@@ -58,10 +58,10 @@ def test_the_configs_describe_a_qwen3_target_and_vllm_drafters() -> None:
 def test_transformers_loads_the_target_and_agrees_with_ours() -> None:
     transformers = pytest.importorskip("transformers")
     theirs = transformers.AutoModelForCausalLM.from_pretrained(
-        str(DEFAULT_TARGET), dtype=torch.float32
+        str(TINY_TARGET), dtype=torch.float32
     )
-    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(DEFAULT_TARGET))
-    ours, tokenizer = load_target(DEFAULT_TARGET), Tokenizer.from_dir(DEFAULT_TARGET)
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(str(TINY_TARGET))
+    ours, tokenizer = load_target(TINY_TARGET), Tokenizer.from_dir(TINY_TARGET)
     messages = [{"role": "user", "content": heldout("code", 1)[0]}]
     text = hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert text == tokenizer.render_chat(messages)
@@ -75,8 +75,8 @@ def test_transformers_loads_the_target_and_agrees_with_ours() -> None:
 
 @pytest.mark.slow
 def test_speculative_greedy_output_is_the_targets_and_the_drafters_learned_it() -> None:
-    tokenizer = Tokenizer.from_dir(DEFAULT_TARGET)
-    target = load_target(DEFAULT_TARGET)
+    tokenizer = Tokenizer.from_dir(TINY_TARGET)
+    target = load_target(TINY_TARGET)
     texts = heldout("code", 2) + heldout("math", 2)
     prompts = [tokenizer.encode(chat_prompt(tokenizer, t)) for t in texts]
     base = EngineConfig(max_model_len=512, eos_token_ids=tokenizer.eos_token_ids)
@@ -91,7 +91,7 @@ def test_speculative_greedy_output_is_the_targets_and_the_drafters_learned_it() 
         ("dcoco-frozen", Mode.DCOCO, Rule.PREFIX),
     ):
         cfg = EngineConfig(**{**base.__dict__, "mode": mode, "rule": rule})
-        spec, cycles = Engine(target, load_drafter(DEFAULT_MODELS / name), cfg).generate(
+        spec, cycles = Engine(target, load_drafter(TINY_MODELS / name), cfg).generate(
             prompts, params
         )
         assert [c.token_ids for c in spec] == [c.token_ids for c in vanilla], (name, rule)
