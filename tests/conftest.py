@@ -1,4 +1,5 @@
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from dcoco.model.causal_lm import CausalLM
 from dcoco.spec.drafter import DFlashDrafter
 from factories import distill, make_drafter, make_target
+from stack import RedisServer
 
 
 @pytest.fixture(scope="session", params=["qwen3", "llama"])
@@ -23,3 +25,11 @@ def pair(request: pytest.FixtureRequest) -> tuple[CausalLM, DFlashDrafter]:
             0.0, 1.0, generator=torch.Generator().manual_seed(3)
         )
     return target, drafter
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real redis-server on a free loopback port, one per test module."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()

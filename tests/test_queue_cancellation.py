@@ -4,19 +4,9 @@ of unfinished requests and the gateway's client disconnects all rely on it. (red
 
 import asyncio
 import random
-from collections.abc import Iterator
-
-import pytest
 
 from dcoco.queue.connection import connect
 from stack import RedisServer
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.stop()
 
 
 async def test_a_task_cancelled_mid_command_stops(redis_server: RedisServer) -> None:

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from dcoco.checkpoint import load_drafter, load_target
-from dcoco.cli import main
 from dcoco.engine.engine import Engine
 from dcoco.paths import TINY_HELDOUT, TINY_MODELS, TINY_TARGET
 from dcoco.shared.engine_config import EngineConfig
@@ -23,7 +22,7 @@ def heldout(domain: str, count: int) -> list[str]:
     return [json.loads(line)["prompt"] for line in lines]
 
 
-def test_the_default_fits_its_size_budget_and_has_every_folder() -> None:
+def test_the_tiny_pair_fits_its_size_budget_and_has_every_folder() -> None:
     files = [p for p in TINY_MODELS.rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in files) <= MAX_BYTES
     for folder in ("target", *DRAFTERS):
@@ -99,12 +98,3 @@ def test_speculative_greedy_output_is_the_targets_and_the_drafters_learned_it() 
         assert sum(lengths) / len(lengths) > 2.0, name  # well above the 1.0 of a useless drafter
     math_answers = [tokenizer.decode(c.token_ids) for c in vanilla[2:]]
     assert any("The answer is" in text for text in math_answers)
-
-
-def test_generate_uses_the_default_pair_when_no_model_is_named(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    assert main(["generate", "--prompt", "def add(a, b):", "--max-tokens", "6", "--json"]) == 0
-    record = json.loads(capsys.readouterr().out)
-    assert len(record["token_ids"]) == 6
-    assert record["stats"]["verifications"] >= 1  # mode dcoco, with the default's drafter

@@ -8,7 +8,7 @@ stops, and another worker finishes them.
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -80,13 +80,6 @@ class PacedEngine(InstantEngineClient):
         async for delta in super().generate(request):
             await asyncio.sleep(0.02)
             yield delta
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")

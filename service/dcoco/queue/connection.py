@@ -2,6 +2,7 @@
 
 import asyncio
 import builtins
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,6 +18,17 @@ UNAVAILABLE = (ConnectionError, TimeoutError, BusyLoadingError)
 # Delays between a loop's attempts while Redis stays unreachable: 0.05 s doubling to 2 s, half of
 # each drawn at random so that workers do not retry in step.
 BACKOFF = EqualJitterBackoff(cap=2.0, base=0.05)
+log = logging.getLogger(__name__)
+
+
+async def back_off(what: str, problem: Exception, failures: int) -> None:
+    """Logs a failed attempt at `what` and sleeps before the next one."""
+    delay = BACKOFF.compute(failures)
+    log.warning(
+        "Redis unavailable; retrying",
+        extra={"what": what, "problem": str(problem), "failures": failures, "delay_s": delay},
+    )
+    await asyncio.sleep(delay)
 
 
 class _Connection(Connection):

@@ -11,7 +11,7 @@ import time
 
 from prometheus_client import CollectorRegistry
 
-from dcoco.queue.connection import BACKOFF, UNAVAILABLE, connect
+from dcoco.queue.connection import UNAVAILABLE, back_off, connect
 from dcoco.queue.consumer import WorkerQueue
 from dcoco.queue.protocol import ModelCard
 from dcoco.settings import WorkerSettings
@@ -60,12 +60,7 @@ async def run_worker(settings: WorkerSettings) -> int:
                 break
             except UNAVAILABLE as problem:
                 failures += 1
-                delay = BACKOFF.compute(failures)
-                log.warning(
-                    "Redis unavailable at start; retrying",
-                    extra={"problem": str(problem), "failures": failures, "delay_s": delay},
-                )
-                await asyncio.sleep(delay)
+                await back_off("start", problem, failures)
     except LoopFailed:
         status = 1
     finally:

@@ -5,7 +5,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from dcoco.queue.connection import BACKOFF, UNAVAILABLE
+from dcoco.queue.connection import UNAVAILABLE, back_off
 from dcoco.queue.consumer import Ownership, WorkerQueue
 from dcoco.queue.protocol import Event
 
@@ -61,12 +61,7 @@ class Outbox:
                     self.on_outage()
                     return
                 failures += 1
-                delay = BACKOFF.compute(failures)
-                log.warning(
-                    "event write failed; retrying",
-                    extra={"problem": str(problem), "failures": failures, "delay_s": delay},
-                )
-                await asyncio.sleep(delay)
+                await back_off("event write", problem, failures)
                 continue
             for (owned, _, _), owned_still in zip(batch, results, strict=True):
                 if not owned_still:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 from redis.exceptions import ResponseError
 
-from dcoco.queue.connection import BACKOFF, UNAVAILABLE
+from dcoco.queue.connection import UNAVAILABLE, back_off
 from dcoco.queue.consumer import Delivery, WorkerQueue
 from dcoco.queue.protocol import ModelCard
 from dcoco.settings import WorkerSettings
@@ -127,7 +127,7 @@ class Worker:
                 deliveries = await self.queue.read(self.free, block_ms=1000)
             except UNAVAILABLE as problem:
                 failures += 1
-                await _back_off("fetch", problem, failures)
+                await back_off("fetch", problem, failures)
                 continue
             except ResponseError as problem:  # NOGROUP: Redis restarted empty
                 log.warning("re-registering: %s", problem)
@@ -262,12 +262,3 @@ class Worker:
             log.warning("could not hand back %d requests: Redis unavailable", len(left))
         if left:
             log.info("handed back unfinished requests", extra={"count": len(left)})
-
-
-async def _back_off(loop: str, problem: Exception, failures: int) -> None:
-    delay = BACKOFF.compute(failures)
-    log.warning(
-        "Redis unavailable; retrying",
-        extra={"loop": loop, "problem": str(problem), "failures": failures, "delay_s": delay},
-    )
-    await asyncio.sleep(delay)
