@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 
 from dcoco.checkpoint import CheckpointError
-from dcoco.engine.engine import Completion, Engine
+from dcoco.engine.engine import Engine
 from dcoco.engine.load import load_engine
+from dcoco.engine.outputs import Completion
 from dcoco.settings import EngineSettings, settings_from
 from dcoco.shared.errors import UsageError
 from dcoco.shared.options import Mode

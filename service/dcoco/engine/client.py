@@ -10,7 +10,8 @@ import queue
 import threading
 from collections.abc import AsyncGenerator
 
-from dcoco.engine.engine import Engine, StepResult
+from dcoco.engine.engine import Engine
+from dcoco.engine.outputs import StepResult
 from dcoco.shared.protocol import EngineDelta, EngineRequest
 from dcoco.shared.stats import CycleStats
 

@@ -6,52 +6,27 @@ draft, correct, verify, commit. Requests join and leave between steps.
 
 import copy
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
+from dcoco.engine.checks import check_models
+from dcoco.engine.outputs import Completion, RequestOutput, StepResult
 from dcoco.engine.planner import VerifyPlanner
 from dcoco.engine.runner import ContextUpdate, ModelRunner
 from dcoco.engine.scheduler import Scheduler
 from dcoco.engine.sequence import Sequence
 from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
-from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
 from dcoco.shared.stats import CycleStats, SpecStats
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.spec.verify import sample, target_probs, verify
 
 
-@dataclass(frozen=True)
-class RequestOutput:
-    request_id: str
-    new_token_ids: list[int]  # committed this step
-    finished: bool
-    finish_reason: str | None
-    stats: SpecStats  # the request's speculation so far (a shallow copy)
-    # With cfg.feature_layers: [T, F] target features of the positions this step processed.
-    features: torch.Tensor | None = None
-
-
-@dataclass
-class StepResult:
-    outputs: list[RequestOutput] = field(default_factory=list)
-    cycle: CycleStats | None = None
-
-
-@dataclass(frozen=True)
-class Completion:
-    request_id: str
-    prompt_ids: list[int]
-    token_ids: list[int]
-    finish_reason: str
-    stats: SpecStats
-
-
 class Engine:
     def __init__(self, target: CausalLM, drafter: DFlashDrafter | None, cfg: EngineConfig) -> None:
-        block, top_k = _check_models(target, drafter, cfg)
+        block, top_k = check_models(target, drafter, cfg)
         limit = target.config.max_position_embeddings
         if cfg.max_model_len is not None and cfg.max_model_len > limit:
             raise ValueError(
@@ -306,36 +281,3 @@ class Engine:
         temperature, top_p = self._params(seqs)
         probs = target_probs(logits.unsqueeze(1), temperature, top_p)[:, 0]  # [N, V]
         return torch.where(temperature == 0, tokens, sample(probs, uniforms[:, 0]))  # [N]
-
-
-def _check_models(
-    target: CausalLM, drafter: DFlashDrafter | None, cfg: EngineConfig
-) -> tuple[int, int]:
-    """Validates the pairing; returns (B, K) for this engine, B = 0 in vanilla mode."""
-    if cfg.mode is Mode.VANILLA:
-        return 0, 0
-    if drafter is None:
-        raise ValueError(f"mode {cfg.mode} needs a drafter")
-    d, t = drafter.config, target.config
-    if d.model.hidden_size != t.hidden_size or d.target_hidden_size != t.hidden_size:
-        raise ValueError(
-            f"drafter hidden size {d.model.hidden_size} does not match the target's {t.hidden_size}"
-        )
-    if d.model.vocab_size != t.vocab_size:
-        raise ValueError(f"drafter vocabulary {d.model.vocab_size} != target's {t.vocab_size}")
-    if max(d.target_layer_ids) >= t.num_hidden_layers:
-        raise ValueError(
-            f"target_layer_ids {list(d.target_layer_ids)} exceed the target's "
-            f"{t.num_hidden_layers} layers"
-        )
-    block = cfg.num_speculative_tokens or d.block_size
-    if cfg.mode is Mode.DFLASH:
-        return block, 1
-    if drafter.corrector is None:
-        raise ValueError("mode dcoco needs a drafter with a corrector (a DCOCODraftModel)")
-    top_k = cfg.top_k or drafter.corrector.config.top_k
-    if top_k > t.vocab_size:
-        raise ValueError(f"top_k {top_k} exceeds the vocabulary size {t.vocab_size}")
-    if block < 2:
-        raise ValueError("mode dcoco needs at least 2 speculative tokens")
-    return block, top_k

@@ -10,7 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dcoco.engine.engine import Completion, Engine
+from dcoco.engine.engine import Engine
+from dcoco.engine.outputs import Completion
 from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Precision, Rule
