@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from dcoco.paths import DEFAULT_MODEL_NAME
 from dcoco.serve import free_port
 from factories import write_models
 from stack import http_status
@@ -44,7 +45,7 @@ def test_serve_starts_answers_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> Non
         assert http_status(f"http://127.0.0.1:{port}/readyz") == 200
         components = children_of(serve.pid)
         assert len(components) == 3  # redis-server, worker, gateway
-        body = {"model": "dcoco-default", "prompt": "x = [", "max_tokens": 5, "temperature": 0}
+        body = {"model": DEFAULT_MODEL_NAME, "prompt": "x = [", "max_tokens": 5, "temperature": 0}
         reply = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=30)
         assert reply.status_code == 200
         assert reply.json()["usage"]["completion_tokens"] == 5
