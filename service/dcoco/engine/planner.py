@@ -12,15 +12,18 @@ expected committed tokens per second of the whole batch:
   fitted by least squares over recent cycles; fixed(n) = c + d * n is drafting and correction,
   fitted likewise. k = 0 is a plain decoding step that skips the drafter.
 
-On a small machine a wide batch makes verification expensive, so k shrinks as load grows. Every
-EXPLORE_EVERY-th cycle verifies the whole block anyway, so the estimates for deep slots, and the
-cost fit, keep learning. The estimates are per engine, one model.
+On a small machine a wide batch makes verification expensive, so k shrinks as load grows. Now and
+then a cycle verifies the whole block anyway, so that the estimates for deep slots, and the cost
+fit, keep learning: as soon as what it costs beyond the best k is at most EXPLORE_SHARE of the
+predicted time of the cycles since the last one. Exploring is thus nearly free at batch 1 and
+rare at batch 32, and never takes more than about that share of the time. The estimates are per
+engine, one model.
 """
 
 from dataclasses import dataclass, field
 
 DECAY = 0.98  # weight of the past per observation: estimates follow the last ~50 cycles
-EXPLORE_EVERY = 16
+EXPLORE_SHARE = 0.05  # of the time, at most, spent verifying the whole block to keep learning
 PRIOR_TRIALS = 4.0  # each slot starts at a 50% acceptance rate worth this many verifications
 
 
@@ -60,7 +63,7 @@ class VerifyPlanner:
     trials: list[float] = field(default_factory=list)  # per slot, decayed verified counts
     verify_cost: LineFit = field(default_factory=LineFit)  # seconds against n * (k + 1)
     fixed_cost: LineFit = field(default_factory=LineFit)  # seconds against n
-    cycles: int = 0
+    banked_s: float = 0.0  # predicted seconds of the cycles since the last exploration
 
     def __post_init__(self) -> None:
         self.hits = [PRIOR_TRIALS / 2] * self.block
@@ -68,21 +71,28 @@ class VerifyPlanner:
 
     def choose(self, rows: int, exploring_allowed: bool = True) -> int:
         """k for the next cycle of `rows` sequences."""
-        self.cycles += 1
-        if self.verify_cost.weight == 0.0 or (
-            exploring_allowed and self.cycles % EXPLORE_EVERY == 0
-        ):
+        if self.verify_cost.weight == 0.0:
             return self.block
         survive, expected, best_k, best_rate = 1.0, 1.0, 0, 0.0
         for k in range(self.block + 1):
             if k:
                 survive *= self.hits[k - 1] / self.trials[k - 1]
                 expected += survive
-            cost = self.verify_cost(rows * (k + 1)) + (self.fixed_cost(rows) if k else 0.0)
-            rate = rows * expected / max(cost, 1e-9)
+            rate = rows * expected / max(self.cost(rows, k), 1e-9)
             if rate > best_rate:
                 best_k, best_rate = k, rate
+        best_s = self.cost(rows, best_k)
+        self.banked_s += best_s
+        if exploring_allowed and self.cost(rows, self.block) - best_s <= (
+            EXPLORE_SHARE * self.banked_s
+        ):
+            self.banked_s = 0.0
+            return self.block
         return best_k
+
+    def cost(self, rows: int, k: int) -> float:
+        """Predicted seconds of a cycle of `rows` sequences verifying k drafted tokens each."""
+        return self.verify_cost(rows * (k + 1)) + (self.fixed_cost(rows) if k else 0.0)
 
     def observe(
         self, rows: int, k: int, accepted: list[int], fixed_s: float, verify_s: float
