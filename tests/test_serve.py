@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from dcoco.paths import DEFAULT_MODEL_NAME
-from dcoco.serve import free_port
+from dcoco.serve import embedded_workers, free_port, readiness_urls
 from factories import write_models
 from stack import http_status
 
@@ -71,3 +71,16 @@ def test_serve_refuses_a_busy_port() -> None:
     assert result.returncode == 1
     assert "already in use" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_serve_waits_for_every_worker_not_only_the_first_to_load(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("DCOCO_METRICS_PORT", raising=False)
+    monkeypatch.delenv("DCOCO_METRICS_HOST", raising=False)
+    workers = embedded_workers(["smollm2", "tiny"], {})
+    urls = readiness_urls("127.0.0.1", 8000, workers)
+    assert urls[0] == "http://127.0.0.1:8000/readyz"
+    assert urls[1:] == ["http://127.0.0.1:9400/readyz", "http://127.0.0.1:9401/readyz"]
+    off = embedded_workers(["tiny"], {"DCOCO_METRICS_PORT": "0"})
+    assert readiness_urls("127.0.0.1", 8000, off) == ["http://127.0.0.1:8000/readyz"]

@@ -70,23 +70,45 @@ def dcoco(command: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
 
 
 def wait_ready(
-    url: str, children: list[subprocess.Popen[bytes]], stopping: Callable[[], bool]
+    urls: list[str], children: list[subprocess.Popen[bytes]], stopping: Callable[[], bool]
 ) -> bool:
-    """True once the gateway reports ready; False if asked to stop first."""
+    """True once every URL answers 200; False if asked to stop first."""
     deadline = time.monotonic() + READY_TIMEOUT_S
+    waiting = list(urls)
     while time.monotonic() < deadline:
         if stopping():
             return False
         if any(child.poll() is not None for child in children):
             raise UsageError("a component exited during start-up; see its log above")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as reply:
-                if reply.status == 200:
-                    return True
-        except (urllib.error.URLError, OSError):
-            pass
+        waiting = [url for url in waiting if not answers_ok(url)]
+        if not waiting:
+            return True
         time.sleep(0.3)
     raise UsageError(f"the stack was not ready after {READY_TIMEOUT_S:.0f} s")
+
+
+def answers_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as reply:
+            return bool(reply.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def readiness_urls(host: str, port: int, workers_env: list[dict[str, str]]) -> list[str]:
+    """The gateway's /readyz and each worker's (on its metrics port, where it has one), so
+    that every model is served by the time `serve` says so, not only the first to load."""
+    urls = [f"http://{host}:{port}/readyz"]
+    for worker in workers_env:
+        metrics_port = int(
+            worker.get("DCOCO_METRICS_PORT", os.environ.get("DCOCO_METRICS_PORT", "9400"))
+        )
+        if metrics_port:
+            metrics_host = worker.get(
+                "DCOCO_METRICS_HOST", os.environ.get("DCOCO_METRICS_HOST", "127.0.0.1")
+            )
+            urls.append(f"http://{metrics_host}:{metrics_port}/readyz")
+    return urls
 
 
 def stop(children: list[subprocess.Popen[bytes]], drain_s: float) -> None:
@@ -150,7 +172,7 @@ def serve(host: str, port: int, workers_env: list[dict[str, str]]) -> int:
         signal.signal(signal.SIGINT, request_stop)
         signal.signal(signal.SIGTERM, request_stop)
         try:
-            if wait_ready(f"http://{host}:{port}/readyz", running, lambda: stopping):
+            if wait_ready(readiness_urls(host, port, workers_env), running, lambda: stopping):
                 print(f"DCOCO is serving on http://{host}:{port}/v1 (Ctrl-C to stop)", flush=True)
             while not stopping and all(child.poll() is None for child in running):
                 time.sleep(0.2)

@@ -164,7 +164,7 @@ def served_stack(env: dict[str, str], folder: Path) -> tuple[str, list[subproces
     )
     children = [dcoco("gateway", env), dcoco("worker", env), redis]
     url = f"http://127.0.0.1:{port}"
-    if not wait_ready(f"{url}/readyz", children, lambda: False):
+    if not wait_ready([f"{url}/readyz"], children, lambda: False):
         raise RuntimeError("the served stack did not start")
     return url, children
 
