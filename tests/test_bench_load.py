@@ -50,41 +50,37 @@ async def test_a_rate_turn_stops_sending_when_its_time_budget_runs_out() -> None
     assert turn.duration_s == pytest.approx(elapsed, abs=0.05)
 
 
-async def test_a_rate_turn_with_a_cap_never_exceeds_it() -> None:
-    in_flight = most = 0
+class Server:
+    """A fake server whose requests each take `delay_s`; `most` is the peak in flight."""
 
-    async def send(index: int) -> int:
-        nonlocal in_flight, most
-        in_flight += 1
-        most = max(most, in_flight)
-        await asyncio.sleep(0.05)
-        in_flight -= 1
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s, self.in_flight, self.most = delay_s, 0, 0
+
+    async def send(self, index: int) -> int:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        await asyncio.sleep(self.delay_s)
+        self.in_flight -= 1
         return index
 
+
+async def test_a_rate_turn_with_a_cap_never_exceeds_it() -> None:
+    server = Server(0.05)
     load = Load(concurrency=3, rate=500.0)
-    turn = await run_turn(send, 30, load, budget_s=5.0, rng=random.Random(0))
+    turn = await run_turn(server.send, 30, load, budget_s=5.0, rng=random.Random(0))
     assert len(turn.results) == 30
     assert turn.unsent == 0
-    assert most == 3
+    assert server.most == 3
 
 
 @pytest.mark.parametrize("streams", [1, 4])
 async def test_a_concurrency_turn_keeps_exactly_that_many_streams_busy(streams: int) -> None:
-    in_flight = most = 0
-
-    async def send(index: int) -> int:
-        nonlocal in_flight, most
-        in_flight += 1
-        most = max(most, in_flight)
-        await asyncio.sleep(0.01)
-        in_flight -= 1
-        return index
-
-    turn = await run_turn(send, 12, Load(concurrency=streams), 5.0, random.Random(0))
+    server = Server(0.01)
+    turn = await run_turn(server.send, 12, Load(concurrency=streams), 5.0, random.Random(0))
     assert sorted(i for i, _ in turn.results) == list(range(12))
-    assert most == streams
+    assert server.most == streams
     assert turn.unsent == 0
-    short = await run_turn(send, 1000, Load(concurrency=streams), 0.1, random.Random(0))
+    short = await run_turn(server.send, 1000, Load(concurrency=streams), 0.1, random.Random(0))
     assert short.unsent > 0
     assert short.duration_s < 0.5
 
