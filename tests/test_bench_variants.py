@@ -3,6 +3,9 @@ start, or that names a setting the worker does not know, is reported as failed, 
 are measured and stopped."""
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,7 @@ import pytest
 from dcoco.bench import variants
 from dcoco.cli import build_parser
 from dcoco.commands import bench
+from dcoco.paths import TINY_MODELS
 
 
 def test_a_setting_the_worker_does_not_know_is_caught_before_starting() -> None:
@@ -69,3 +73,24 @@ def test_failed_variants_are_reported_and_the_others_measured(
     assert "failed: DCOCO_NOT_A_SETTING" in (out / "bench.md").read_text()
     assert sorted(s.name for s in stopped) == ["broken", "instant"]
     assert all(s.process.poll() is not None for s in stopped)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_stacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(variants, "VARIANTS", {"instant": {"DCOCO_ENGINE": "instant"}})
+    before = signal.getsignal(signal.SIGTERM)
+    stacks: list[variants.Stack] = []
+
+    def terminated_while_measuring() -> None:
+        with variants.embedded(["instant"], TINY_MODELS, tmp_path) as (ready, failed):
+            assert failed == {}
+            stacks.extend(ready)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+
+    with pytest.raises(SystemExit) as exit_:
+        terminated_while_measuring()
+    assert exit_.value.code == 128 + signal.SIGTERM
+    (stack,) = stacks
+    assert stack.process.poll() is not None
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -110,33 +110,51 @@ def stop(stack: Stack) -> None:
 
 
 @contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """The first SIGTERM raises SystemExit, as Ctrl-C raises KeyboardInterrupt, so that the
+    `finally` that stops the stacks runs. The stacks do not get the signal themselves."""
+
+    def exit_once(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_once)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
 def embedded(
     names: list[str], models: Path, logs: Path
 ) -> Iterator[tuple[list[Stack], dict[str, str]]]:
     """The stacks that came up, and {variant: why it failed} for the others; all stopped on
-    exit."""
+    exit, Ctrl-C and SIGTERM included."""
     logs.mkdir(parents=True, exist_ok=True)
     failed: dict[str, str] = {}
     started: list[Stack] = []
-    try:
-        for name in names:
-            unknown = unknown_settings(variant_env(name, models))
-            if unknown:
-                failed[name] = f"{', '.join(unknown)}: not a setting of this build's worker"
-            else:
-                started.append(start(name, models, logs))
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        ready = []
-        for stack in started:
-            problem = wait_ready(stack, deadline)
-            if problem is None:
-                ready.append(stack)
-            else:
-                failed[stack.name] = f"did not start ({problem}; log: {stack.log})"
-        yield ready, failed
-    finally:
-        for stack in started:
-            stop(stack)
+    with sigterm_as_exit():
+        try:
+            for name in names:
+                unknown = unknown_settings(variant_env(name, models))
+                if unknown:
+                    failed[name] = f"{', '.join(unknown)}: not a setting of this build's worker"
+                else:
+                    started.append(start(name, models, logs))
+            deadline = time.monotonic() + READY_TIMEOUT_S
+            ready = []
+            for stack in started:
+                problem = wait_ready(stack, deadline)
+                if problem is None:
+                    ready.append(stack)
+                else:
+                    failed[stack.name] = f"did not start ({problem}; log: {stack.log})"
+            yield ready, failed
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # each stop is bounded: let all run
+            for stack in started:
+                stop(stack)
 
 
 def run_embedded(args: argparse.Namespace) -> None:
