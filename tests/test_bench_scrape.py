@@ -41,23 +41,33 @@ def test_both_families_parse_summed_over_label_sets() -> None:
 
 
 def test_the_crosscheck_agrees_when_usage_and_counters_tell_the_same_story() -> None:
-    # 8 cycles of B = 4: 32 drafted, 20 accepted, so 1 + 20 / 8 = 3.5 tokens per cycle.
+    # 8 cycles of B = 4 over 2 requests: 32 drafted, 20 accepted, so 1 + 20 / 8 = 3.5 per cycle.
     delta = Counters("dcoco", 18.0, 62.0, 25.0) - Counters("dcoco", 10.0, 30.0, 5.0)
-    check = crosscheck(20, 12, delta, block=None)
+    check = crosscheck(20, 12, 2, delta, block=None)
     assert check["block"] == 4.0
     assert check["block_source"] == "metrics"
     assert check["accepted_length_usage"] == pytest.approx(3.5)
     assert check["accepted_length_metrics"] == pytest.approx(3.5)
+    assert check["cut"] == 0
     assert check["agree"] is True
-    # A wrong block size given by hand, or counters that disagree, show up.
-    assert crosscheck(20, 12, delta, block=8.0)["agree"] is False
-    assert crosscheck(10, 22, delta, block=None)["agree"] is False
+    # A stop cut 3 accepted tokens from one request's last cycle: usage calls them rejected.
+    cut = crosscheck(17, 15, 2, delta, block=None)
+    assert cut["cut"] == 3
+    assert cut["accepted_length_usage"] == pytest.approx(1 + 4 * 17 / 32)
+    assert cut["agree"] is True
+    # More than a block per request cut, counters that count fewer accepted tokens than the
+    # responses, other traffic in the drafted counts, or a wrong block size given by hand.
+    assert crosscheck(11, 21, 2, delta, block=None)["agree"] is False
+    assert crosscheck(22, 10, 2, delta, block=None)["agree"] is False
+    assert crosscheck(20, 8, 2, delta, block=None)["agree"] is False
+    assert crosscheck(20, 12, 2, delta, block=8.0)["agree"] is False
+    assert crosscheck(20, 12, 2, delta, block=4.0)["agree"] is True
     # A vanilla server drafts nothing: no accepted length either way.
-    vanilla = crosscheck(0, 0, Counters("dcoco", 40.0, 0.0, 0.0), block=None)
+    vanilla = crosscheck(0, 0, 2, Counters("dcoco", 40.0, 0.0, 0.0), block=None)
     assert vanilla["accepted_length_usage"] is None
     assert vanilla["agree"] is None
     # No counters at all: the usage side still counts with a given block size.
-    assert crosscheck(20, 12, None, block=4.0)["accepted_length_usage"] == pytest.approx(3.5)
+    assert crosscheck(20, 12, 2, None, block=4.0)["accepted_length_usage"] == pytest.approx(3.5)
 
 
 def plan(loads: list[Load]) -> Plan:
@@ -65,8 +75,9 @@ def plan(loads: list[Load]) -> Plan:
     return Plan(items, [Mode("greedy")], loads, 8, 1, 10.0, 30.0, seed=0)
 
 
+# Counters at 2x: 6 more accepted tokens per request than usage, more than its block of 4.
 @pytest.mark.parametrize(("family", "scale", "agree"), [("dcoco", 1.0, True), ("vllm", 1.0, True),
-                                                        ("dcoco", 1.5, False)])  # fmt: skip
+                                                        ("dcoco", 2.0, False)])  # fmt: skip
 async def test_the_run_reads_counter_deltas_around_its_turns(
     family: str, scale: float, agree: bool
 ) -> None:

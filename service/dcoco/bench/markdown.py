@@ -117,6 +117,12 @@ def _suites(report: dict[str, Any], servers: list[str]) -> list[str]:
 
 def _crosscheck(report: dict[str, Any]) -> list[str]:
     rows = []
+    note = (
+        "The counters count what the verifier accepted, as vLLM's do; `usage` counts a drafted "
+        "token that a stop or max_tokens cut from the output as rejected, as OpenAI's predicted "
+        "outputs do. Both count the same drafted tokens; they agree when those are equal and the "
+        "cut tokens are at most one block per request."
+    )
     for r in report["by_level"]:
         c = r["crosscheck"]
         verdict = {None: "—", True: "agree", False: "DIFFER"}[c["agree"]]
@@ -132,12 +138,13 @@ def _crosscheck(report: dict[str, Any]) -> list[str]:
                 _num(c["accepted_length_metrics"]),
                 "—" if c["usage_drafted"] is None else str(c["usage_drafted"]),
                 _num(c["metrics_drafted"], 0),
+                _num(c["cut"], 0),
                 verdict,
             ]
         )
     header = ["server", "mode", "load", "counters", "B", "accepted (usage)", "accepted (/metrics)"]
-    header += ["drafted (usage)", "drafted (/metrics)", "verdict"]
-    return _table(header, rows, text=4)
+    header += ["drafted (usage)", "drafted (/metrics)", "cut by stops", "verdict"]
+    return [note, "", *_table(header, rows, text=4)]
 
 
 def summary(report: dict[str, Any]) -> str:

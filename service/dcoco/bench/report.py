@@ -59,7 +59,11 @@ def build(
         row |= summarize(records, results.durations.get(key, 0.0), slo)
         row["unsent"] = results.unsent.get(key, 0)
         check = crosscheck(
-            row["accepted_tokens"], row["rejected_tokens"], results.counters.get(key), block
+            row["accepted_tokens"],
+            row["rejected_tokens"],
+            row["completed"],
+            results.counters.get(key),
+            block,
         )
         row["crosscheck"] = check
         blocks[key] = check["block"]

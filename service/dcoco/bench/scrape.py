@@ -32,7 +32,7 @@ FAMILIES = {
         "vllm:spec_decode_num_accepted_tokens_total",
     ),
 }
-AGREEMENT = 0.02  # relative difference under which the two accepted lengths agree
+AGREEMENT = 0.02  # relative difference under which a given block size matches the counters'
 
 
 class ScrapeFailed(Exception):
@@ -92,33 +92,51 @@ async def scrape(http: aiohttp.ClientSession, url: str, timeout_s: float) -> Cou
 
 
 def crosscheck(
-    accepted: int | None, rejected: int | None, delta: Counters | None, block: float | None
+    accepted: int | None,
+    rejected: int | None,
+    requests: int,
+    delta: Counters | None,
+    block: float | None,
 ) -> dict[str, Any]:
-    """Both accepted lengths, and whether they agree.
+    """Both accepted lengths, and whether usage and the counters tell the same story.
 
-    `accepted` and `rejected` are the sums of the responses' usage; `block` the drafted
-    tokens per cycle when the caller knows it (`--block-size`), else the counters' mean
+    `accepted` and `rejected` are the sums of the usage of `requests` responses; `block` the
+    drafted tokens per cycle when the caller knows it (`--block-size`), else the counters' mean
     drafted / cycles stands in. A server that speculated none of it (a vanilla worker drafts
-    nothing) has no accepted length."""
-    spec = delta is not None and delta.cycles > 0 and delta.drafted > 0
-    metrics_block = delta.drafted / delta.cycles if spec and delta else None
+    nothing) has no accepted length.
+
+    The two count the same drafted tokens, but not quite the same accepted ones. The counters
+    count what the verifier accepted, as vLLM's do; usage follows OpenAI's predicted-output
+    semantics, where a drafted token that is not in the completion is rejected. So the tokens a
+    stop or `max_tokens` cut from a request's last cycle (`cut`) are accepted in the counters
+    and rejected in usage: at most one block per request. They agree when the drafted totals
+    are equal and 0 <= cut <= (drafted / cycles) x requests, which is B for a fixed block."""
+    counted = delta if delta is not None and delta.cycles > 0 and delta.drafted > 0 else None
+    metrics_block = counted.drafted / counted.cycles if counted else None
     used_block = block or metrics_block
-    from_usage = (
-        accepted_length(accepted, rejected, used_block)
-        if accepted is not None and rejected is not None
-        else None
-    )
-    from_metrics = 1.0 + delta.accepted / delta.cycles if spec and delta else None
-    agree = None
-    if from_usage is not None and from_metrics is not None:
-        agree = abs(from_usage - from_metrics) <= AGREEMENT * from_metrics
+    from_usage: float | None = None
+    usage_drafted: int | None = None
+    cut: float | None = None
+    agree: bool | None = None
+    if accepted is not None and rejected is not None:
+        from_usage = accepted_length(accepted, rejected, used_block)
+        usage_drafted = accepted + rejected
+    from_metrics = 1.0 + counted.accepted / counted.cycles if counted else None
+    if counted and metrics_block and from_usage is not None and accepted is not None:
+        cut = counted.accepted - accepted
+        agree = (
+            usage_drafted == round(counted.drafted)
+            and (block is None or abs(block - metrics_block) <= AGREEMENT * block)
+            and 0 <= cut <= metrics_block * requests
+        )
     return {
         "family": delta.family if delta else None,
         "usage_accepted": accepted,
-        "usage_drafted": None if accepted is None or rejected is None else accepted + rejected,
+        "usage_drafted": usage_drafted,
         "metrics_cycles": delta.cycles if delta else None,
         "metrics_drafted": delta.drafted if delta else None,
         "metrics_accepted": delta.accepted if delta else None,
+        "cut": cut,
         "block": used_block,
         "block_source": "given" if block else ("metrics" if metrics_block else None),
         "accepted_length_usage": from_usage,
