@@ -81,6 +81,27 @@ def test_a_seeded_request_replays_whatever_shares_its_batch(pair: Pair) -> None:
     assert other_seed[0].token_ids != tokens
 
 
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_seeded_sampled_output_does_not_depend_on_the_speculation(pair: Pair, top_p: float) -> None:
+    """Uniforms keyed by output position and the sample-then-match rule: a seeded request's
+    tokens are the same plain, with DFlash, with DCOCO, and with adaptive verification (which
+    verifies prefixes of different lengths), alone or in a batch."""
+    seeded = SamplingParams(max_tokens=40, temperature=0.3, top_p=top_p, seed=11)
+    plain, _ = engine(pair, Mode.VANILLA, batch=1).generate([PROMPTS[1]], seeded)
+    runs = {
+        "dflash": engine(pair, Mode.DFLASH, batch=1),
+        "dcoco": engine(pair, Mode.DCOCO, batch=1),
+        "adaptive": engine(pair, Mode.DCOCO, batch=6, adaptive=True),
+    }
+    for name, eng in runs.items():
+        batch = PROMPTS if name == "adaptive" else [PROMPTS[1]]
+        completions, cycles = eng.generate(batch, seeded)
+        assert completions[batch.index(PROMPTS[1])].token_ids == plain[0].token_ids, name
+        assert sum(c.accepted_tokens for c in cycles) > 0, name  # drafts were really accepted
+    verified = {c.draft_tokens // c.verifications for c in cycles}
+    assert len(verified) > 1  # the adaptive run verified prefixes of more than one length
+
+
 def test_abort_frees_the_slot_and_leaves_the_others_intact(pair: Pair) -> None:
     eng = engine(pair, batch=2)
     params = SamplingParams(max_tokens=25)

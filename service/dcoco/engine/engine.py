@@ -16,6 +16,7 @@ from dcoco.engine.planner import VerifyPlanner
 from dcoco.engine.runner import ContextUpdate, ModelRunner
 from dcoco.engine.scheduler import Scheduler
 from dcoco.engine.sequence import Sequence
+from dcoco.engine.uniforms import position_uniforms, request_key
 from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.sampling import SamplingParams
@@ -60,7 +61,14 @@ class Engine:
         )
         self._ids.add(request_id)
         self.scheduler.add(
-            Sequence(request_id, list(prompt_ids), params, self.max_model_len, frozenset(stops))
+            Sequence(
+                request_id,
+                list(prompt_ids),
+                params,
+                self.max_model_len,
+                frozenset(stops),
+                sample_key=request_key(params.seed, self.generator),
+            )
         )
 
     def abort(self, request_id: str) -> bool:
@@ -196,12 +204,9 @@ class Engine:
         return cycle
 
     def _plan(self, seqs: list[Sequence]) -> int:
-        """How many drafted tokens this cycle verifies: all B unless adaptive. A cycle with a
-        seeded sampled request verifies all B, so that its replay on another worker, which must
-        reproduce it exactly, draws the same randomness."""
-        if self.planner is None or any(s.generator is not None for s in seqs):
-            return self.block
-        return self.planner.choose(len(seqs))
+        """How many drafted tokens this cycle verifies: all B unless adaptive. Any prefix is
+        safe for seeded requests too: their output does not depend on it (`engine/uniforms.py`)."""
+        return self.block if self.planner is None else self.planner.choose(len(seqs))
 
     def _observe(
         self, seqs: list[Sequence], k: int, accepted: list[int], fixed_s: float, verify_s: float
@@ -259,18 +264,13 @@ class Engine:
         return temperature, top_p
 
     def _uniforms(self, seqs: list[Sequence], width: int) -> torch.Tensor | None:
-        """[N, width] uniforms for sampled rows; None when every row is greedy.
-
-        A seeded request draws from its own generator, so its stream of randomness does not
-        depend on the rest of the batch.
-        """
+        """[N, width] uniforms for each row's next `width` output positions, keyed by position;
+        None when every row is greedy."""
         if all(s.params.greedy for s in seqs):
             return None
-        uniforms = torch.rand(len(seqs), width, generator=self.generator)  # [N, width]
-        for row, seq in enumerate(seqs):
-            if seq.generator is not None:
-                uniforms[row] = torch.rand(width, generator=seq.generator)  # [width]
-        return uniforms
+        return torch.stack(
+            [position_uniforms(s.sample_key, len(s.output_ids), width) for s in seqs]
+        )  # [N, width]
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         """One token per row from logits [N, V]: argmax for greedy rows, else a sample."""

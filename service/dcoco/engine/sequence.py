@@ -2,8 +2,6 @@
 
 from dataclasses import dataclass, field
 
-import torch
-
 from dcoco.shared.sampling import SamplingParams
 from dcoco.shared.stats import SpecStats
 
@@ -26,11 +24,7 @@ class Sequence:
     num_cached: int = 0
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stats: SpecStats = field(default_factory=SpecStats)
-    generator: torch.Generator | None = None
-
-    def __post_init__(self) -> None:
-        if self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.params.seed)
+    sample_key: int = 0  # keys the uniforms of its sampled tokens (`engine/uniforms.py`)
 
     @property
     def length(self) -> int:

@@ -2,8 +2,8 @@
 
 The target scores [last, d_1..d_B] in one pass, giving B + 1 next-token distributions: row
 position i is the target's distribution for the token after d_i (position 0: after `last`).
-Every function here takes the randomness it needs as uniforms drawn by the caller, so a seeded
-request replays exactly whatever else shares its batch.
+Every function here takes the randomness it needs as uniforms drawn by the caller, one per
+position, so a seeded request replays exactly whatever else shares its batch.
 """
 
 from dataclasses import dataclass
@@ -65,26 +65,18 @@ def sample(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
 def verify_sampled(probs: torch.Tensor, draft: torch.Tensor, uniforms: torch.Tensor) -> Verdict:
     """probs [R, B+1, V] target distributions, draft [R, B], uniforms [R, B+1].
 
-    Rule (speculative sampling with a one-hot draft distribution q = 1[d_i]): accept d_i with
-    probability min(1, p(d_i) / q(d_i)) = p(d_i). At the first rejection, sample from the
-    residual max(p - q, 0), which is p with d_i removed, renormalised. If every slot is
-    accepted, sample the bonus from p at position B. Each committed token is then distributed
-    exactly as the target's own sample.
+    Rule: the target samples every position by inverse CDF from that position's uniform; a
+    drafted token is accepted while it equals the target's sample, and the bonus is the sample
+    at the first mismatch. For a one-hot draft distribution q = 1[d_i] this accepts d_i with
+    probability p(d_i), as speculative sampling's min(1, p/q) test does, and every committed
+    token is the target's own sample. So the committed tokens depend on the uniforms alone, not
+    on the draft: with uniforms keyed by output position (`engine/uniforms.py`), speculative
+    output is plain sampled output, whatever was drafted, verified or batched alongside.
     """
-    rows, slots = draft.shape
-    p_draft = probs[:, :slots].gather(-1, draft.unsqueeze(-1)).squeeze(-1)  # [R, B]
-    accepted = accepted_prefix(uniforms[:, :slots] < p_draft)  # [R]
-    at = accepted.view(rows, 1, 1).expand(rows, 1, probs.shape[-1])  # [R, 1, V]
-    residual = probs.gather(1, at).squeeze(1)  # [R, V] the target's distribution there
-    rejected = accepted.unsqueeze(1).clamp(max=slots - 1)  # [R, 1] slot of the rejected draft
-    rejected_token = draft.gather(1, rejected)  # [R, 1]
-    keep = (accepted == slots).unsqueeze(1)  # [R, 1] all accepted: nothing to remove
-    kept_mass = residual.gather(1, rejected_token) * keep  # [R, 1]
-    residual = residual.scatter(1, rejected_token, kept_mass)  # [R, V]
-    last = sample(residual, uniforms[:, slots])  # [R]
-    tokens = torch.cat([draft, draft.new_zeros(rows, 1)], dim=1)  # [R, B+1]
-    tokens = tokens.scatter(1, accepted.unsqueeze(1), last.unsqueeze(1))  # [R, B+1]
-    return Verdict(tokens=tokens, accepted=accepted)
+    rows, width, vocab = probs.shape
+    flat = sample(probs.reshape(rows * width, vocab), uniforms.reshape(rows * width))  # [R*(B+1)]
+    tokens = flat.view(rows, width)  # [R, B+1]
+    return Verdict(tokens=tokens, accepted=accepted_prefix(draft == tokens[:, :-1]))
 
 
 def verify(
