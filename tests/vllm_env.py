@@ -54,13 +54,14 @@ def offline(
     prompts: list[list[int]],
     max_tokens: int,
     extra: tuple[str, ...] = (),
+    target: Path = TINY_TARGET,
     **env: str,
 ) -> dict[str, Any]:
     """Generation through vLLM's offline LLM (`dcoco.vllm.offline`; `extra`: its flags)."""
     require_vllm()
     prompt_file, out = root / "prompts.jsonl", root / "out.json"
     prompt_file.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts))
-    args = [VLLM_PYTHON, "-m", "dcoco.vllm.offline", "--target", str(TINY_TARGET)]
+    args = [VLLM_PYTHON, "-m", "dcoco.vllm.offline", "--target", str(target)]
     args += ["--prompts", str(prompt_file), "--out", str(out), "--max-tokens", str(max_tokens)]
     args += ["--drafter", str(drafter)] if drafter else []
     args += ["--gpu-memory-utilization", MEMORY_SHARE, *extra]
