@@ -1,6 +1,8 @@
 """Speculation counters read from /metrics, ours and vLLM's, and the cross-check of the accepted
 length the responses' usage implies against the one the counter deltas give."""
 
+from dataclasses import replace
+
 import pytest
 
 from bench_server import Script, ScriptedServer
@@ -22,6 +24,10 @@ dcoco_spec_draft_tokens_total{model="b"} 75.0
 # TYPE dcoco_spec_accepted_tokens_total counter
 dcoco_spec_accepted_tokens_total{model="a"} 30.0
 dcoco_spec_accepted_tokens_total{model="b"} 15.0
+# TYPE dcoco_spec_accepted_tokens_per_position_total counter
+dcoco_spec_accepted_tokens_per_position_total{model="a",position="0"} 20.0
+dcoco_spec_accepted_tokens_per_position_total{model="a",position="1"} 10.0
+dcoco_spec_accepted_tokens_per_position_total{model="b",position="0"} 15.0
 """
 VLLM = """# TYPE vllm:spec_decode_num_drafts counter
 vllm:spec_decode_num_drafts_total{engine="0",model_name="q"} 4.0
@@ -29,12 +35,16 @@ vllm:spec_decode_num_drafts_total{engine="0",model_name="q"} 4.0
 vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="q"} 12.0
 # TYPE vllm:spec_decode_num_accepted_tokens counter
 vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="q"} 9.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="q",position="0"} 4.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="q",position="1"} 3.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="q",position="2"} 2.0
 """
 
 
 def test_both_families_parse_summed_over_label_sets() -> None:
-    assert parse_counters(OURS) == Counters("dcoco", 15.0, 225.0, 45.0)
-    assert parse_counters(VLLM) == Counters("vllm", 4.0, 12.0, 9.0)
+    assert parse_counters(OURS) == Counters("dcoco", 15.0, 225.0, 45.0, slots=2)
+    assert parse_counters(VLLM) == Counters("vllm", 4.0, 12.0, 9.0, slots=3)
     assert parse_counters("# a gateway's metrics\nup 1\n") is None
     with pytest.raises(ScrapeFailed, match="not Prometheus text"):
         parse_counters("<html>{not metrics}</html>")
@@ -62,6 +72,11 @@ def test_the_crosscheck_agrees_when_usage_and_counters_tell_the_same_story() -> 
     assert crosscheck(20, 8, 2, delta, block=None)["agree"] is False
     assert crosscheck(20, 12, 2, delta, block=8.0)["agree"] is False
     assert crosscheck(20, 12, 2, delta, block=4.0)["agree"] is True
+    # An adaptive server verifies 0.5 of B = 4 slots per cycle on average; a cut request's
+    # last cycle may still have verified all 4, which the slots counted in /metrics bound.
+    adaptive = Counters("dcoco", 8.0, 4.0, 3.0, slots=4)
+    assert crosscheck(0, 4, 2, adaptive, block=None)["agree"] is True
+    assert crosscheck(0, 4, 2, replace(adaptive, slots=0), block=None)["agree"] is False
     # A vanilla server drafts nothing: no accepted length either way.
     vanilla = crosscheck(0, 0, 2, Counters("dcoco", 40.0, 0.0, 0.0), block=None)
     assert vanilla["accepted_length_usage"] is None

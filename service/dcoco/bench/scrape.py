@@ -7,6 +7,8 @@ Two families are known, ours (a worker's `/metrics`) and vLLM's:
     cycles    dcoco_spec_cycles_total            vllm:spec_decode_num_drafts_total
     drafted   dcoco_spec_draft_tokens_total      vllm:spec_decode_num_draft_tokens_total
     accepted  dcoco_spec_accepted_tokens_total   vllm:spec_decode_num_accepted_tokens_total
+    B         the `position` labels of dcoco_spec_accepted_tokens_per_position_total, or of
+              vllm:spec_decode_num_accepted_tokens_per_pos_total: one per draft slot
 
 Each counter is summed over all its label sets, so the deltas cover every request the server
 ran in between, this benchmark's or not: point it at a server nobody else uses.
@@ -32,6 +34,10 @@ FAMILIES = {
         "vllm:spec_decode_num_accepted_tokens_total",
     ),
 }
+PER_POSITION = {
+    "dcoco": "dcoco_spec_accepted_tokens_per_position_total",
+    "vllm": "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+}
 AGREEMENT = 0.02  # relative difference under which a given block size matches the counters'
 
 
@@ -45,6 +51,7 @@ class Counters:
     cycles: float
     drafted: float
     accepted: float
+    slots: int = 0  # B, the draft slots the per-position counter has; 0 when it is absent
 
     def __sub__(self, earlier: "Counters") -> "Counters":
         return Counters(
@@ -52,6 +59,7 @@ class Counters:
             self.cycles - earlier.cycles,
             self.drafted - earlier.drafted,
             self.accepted - earlier.accepted,
+            max(self.slots, earlier.slots),
         )
 
     def __add__(self, other: "Counters") -> "Counters":
@@ -60,22 +68,30 @@ class Counters:
             self.cycles + other.cycles,
             self.drafted + other.drafted,
             self.accepted + other.accepted,
+            max(self.slots, other.slots),
         )
 
 
 def parse_counters(text: str) -> Counters | None:
     """The speculation counters in Prometheus text, or None when it has neither family."""
     totals: dict[str, float] = {}
+    positions: dict[str, set[str]] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+                if "position" in sample.labels:
+                    positions.setdefault(sample.name, set()).add(sample.labels["position"])
     except ValueError as problem:
         raise ScrapeFailed(f"not Prometheus text ({problem})") from None
     for name, (cycles, drafted, accepted) in FAMILIES.items():
         if cycles in totals:
             return Counters(
-                name, totals[cycles], totals.get(drafted, 0.0), totals.get(accepted, 0.0)
+                name,
+                totals[cycles],
+                totals.get(drafted, 0.0),
+                totals.get(accepted, 0.0),
+                len(positions.get(PER_POSITION[name], ())),
             )
     return None
 
@@ -109,8 +125,9 @@ def crosscheck(
     count what the verifier accepted, as vLLM's do; usage follows OpenAI's predicted-output
     semantics, where a drafted token that is not in the completion is rejected. So the tokens a
     stop or `max_tokens` cut from a request's last cycle (`cut`) are accepted in the counters
-    and rejected in usage: at most one block per request. They agree when the drafted totals
-    are equal and 0 <= cut <= (drafted / cycles) x requests, which is B for a fixed block."""
+    and rejected in usage: at most B per request, B being the counters' draft slots (or the
+    given block, or drafted / cycles when neither is known). They agree when the drafted
+    totals are equal and 0 <= cut <= B x requests."""
     counted = delta if delta is not None and delta.cycles > 0 and delta.drafted > 0 else None
     metrics_block = counted.drafted / counted.cycles if counted else None
     used_block = block or metrics_block
@@ -127,7 +144,7 @@ def crosscheck(
         agree = (
             usage_drafted == round(counted.drafted)
             and (block is None or abs(block - metrics_block) <= AGREEMENT * block)
-            and 0 <= cut <= metrics_block * requests
+            and 0 <= cut <= (counted.slots or block or metrics_block) * requests
         )
     return {
         "family": delta.family if delta else None,
