@@ -121,7 +121,7 @@ def _crosscheck(report: dict[str, Any]) -> list[str]:
         "The counters count what the verifier accepted, as vLLM's do; `usage` counts a drafted "
         "token that a stop or max_tokens cut from the output as rejected, as OpenAI's predicted "
         "outputs do. Both count the same drafted tokens; they agree when those are equal and the "
-        "cut tokens are at most one block per request."
+        "cut tokens are at most B per request (B: the counters' draft slots)."
     )
     for r in report["by_level"]:
         c = r["crosscheck"]
