@@ -175,6 +175,7 @@ class Stack:
             "DCOCO_DRAFTER": str(models["dcoco"]),
             "DCOCO_MAX_MODEL_LEN": "512",
             "DCOCO_PRECISION": "fp32",  # exact: served answers equal in-process references
+            "DCOCO_ADAPTIVE": "false",  # fixed B: served counters equal in-process ones
             "DCOCO_LEASE_S": "2",
             "DCOCO_HEARTBEAT_S": "0.5",
             "DCOCO_QUEUE_TIMEOUT_S": "20",

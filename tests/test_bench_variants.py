@@ -26,6 +26,7 @@ def test_a_setting_the_worker_does_not_know_is_caught_before_starting() -> None:
         "DCOCO_TARGET": "/m/target",
         "DCOCO_MODE": "dflash",
         "DCOCO_DRAFTER": "/m/dflash",
+        "DCOCO_ADAPTIVE": "false",
     }
 
 

@@ -98,8 +98,9 @@ class EngineSettings(BaseSettings):
     # bf16: the fast mode (bf16 weights, activations and caches), not bit-exact; fp32: exact.
     precision: Precision = Precision.BF16
     # Verify, each cycle, the prefix of the draft that maximises expected tokens per second,
-    # from measured acceptance per slot and measured verify cost; False: always all B.
-    adaptive: bool = False
+    # from measured acceptance per slot and measured verify cost; False: always all B, for
+    # fixed-B comparisons. Lossless either way.
+    adaptive: bool = True
 
     def engine_config(self, eos_token_ids: tuple[int, ...]) -> EngineConfig:
         """The one place settings become an engine configuration."""

@@ -30,8 +30,12 @@ STOP_TIMEOUT_S = 40.0  # `dcoco serve` drains its worker, then stops Redis
 MODEL_NAME = "bench"
 VARIANTS: dict[str, dict[str, str]] = {  # {models}: the --models folder
     "vanilla": {"DCOCO_MODE": "vanilla"},
-    "dflash": {"DCOCO_MODE": "dflash", "DCOCO_DRAFTER": "{models}/dflash"},
-    "dcoco": {"DCOCO_MODE": "dcoco", "DCOCO_DRAFTER": "{models}/dcoco"},
+    "dflash": {
+        "DCOCO_MODE": "dflash",
+        "DCOCO_DRAFTER": "{models}/dflash",
+        "DCOCO_ADAPTIVE": "false",
+    },
+    "dcoco": {"DCOCO_MODE": "dcoco", "DCOCO_DRAFTER": "{models}/dcoco", "DCOCO_ADAPTIVE": "false"},
     "dcoco-adaptive": {
         "DCOCO_MODE": "dcoco",
         "DCOCO_DRAFTER": "{models}/dcoco",
