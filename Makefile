@@ -139,7 +139,8 @@ CRD_SCHEMAS_NPM := @kubernetes-models/keda@2.0.0 @kubernetes-models/prometheus-o
 CRD_SCHEMAS := $(TOOLS)/node_modules/@kubernetes-models/keda/package.json
 LOADTEST_HOST ?= http://127.0.0.1:8000
 LOADTEST_OUT ?= build/loadtest
-LOADTEST_STAGE_S ?= 30
+LOADTEST_STAGE_S ?= 60
+LOADTEST_MAX_TOKENS ?= 64
 
 .PHONY: setup-k8s system-tools helm-check monitoring-check dashboard loadtest lint-k8s
 
@@ -184,7 +185,8 @@ dashboard:
 loadtest:
 	mkdir -p $(LOADTEST_OUT)
 	$(BIN)/locust --config loadtests/locust.conf --host $(LOADTEST_HOST) \
-		--stage-seconds $(LOADTEST_STAGE_S) --sweep-report $(LOADTEST_OUT)/sweep.md \
+		--stage-seconds $(LOADTEST_STAGE_S) --max-tokens $(LOADTEST_MAX_TOKENS) \
+		--sweep-report $(LOADTEST_OUT)/sweep.md \
 		--csv $(LOADTEST_OUT)/dcoco --html $(LOADTEST_OUT)/report.html
 
 lint-k8s:
