@@ -12,6 +12,7 @@ VARIANTS = (
     "vanilla",
     "dflash",
     "dcoco-prefix",
+    "dcoco-adaptive",
     "dcoco-global",
     "dcoco-discounted",
     "dcoco-frozen",

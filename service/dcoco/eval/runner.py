@@ -27,12 +27,14 @@ class Variant:
     drafter: str | None  # folder of the drafter under the models folder
     rule: Rule = Rule.PREFIX
     precision: Precision | None = None  # None: the evaluation's precision
+    adaptive: bool = False  # verify the planner's prefix of the draft (the worker's default)
 
 
 VARIANTS = (
     Variant("vanilla", Mode.VANILLA, None),
     Variant("dflash", Mode.DFLASH, "dflash"),
     Variant("dcoco-prefix", Mode.DCOCO, "dcoco"),
+    Variant("dcoco-adaptive", Mode.DCOCO, "dcoco", adaptive=True),
     Variant("dcoco-global", Mode.DCOCO, "dcoco", Rule.GLOBAL),
     Variant("dcoco-discounted", Mode.DCOCO, "dcoco", Rule.DISCOUNTED),
     Variant("dcoco-frozen", Mode.DCOCO, "dcoco-frozen"),
@@ -120,6 +122,7 @@ def measure(
         max_model_len=max_model_len,
         eos_token_ids=models.eos_token_ids,
         precision=precision,
+        adaptive=variant.adaptive,
     )
     engine = Engine(target, drafter, cfg)
     params = SamplingParams(max_tokens=max_tokens, temperature=setting.temperature)
