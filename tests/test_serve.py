@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from dcoco.paths import DEFAULT_MODEL_NAME
-from dcoco.serve import embedded_workers, free_port, readiness_urls
+from dcoco.serve import embedded_workers, free_port, port_is_free, readiness_urls
 from factories import write_models
 from stack import http_status
 
@@ -84,3 +84,17 @@ def test_serve_waits_for_every_worker_not_only_the_first_to_load(
     assert urls[1:] == ["http://127.0.0.1:9400/readyz", "http://127.0.0.1:9401/readyz"]
     off = embedded_workers(["tiny"], {"DCOCO_METRICS_PORT": "0"})
     assert readiness_urls("127.0.0.1", 8000, off) == ["http://127.0.0.1:8000/readyz"]
+
+
+def test_a_port_is_free_again_as_soon_as_its_listener_closed() -> None:
+    """Closing a served connection first leaves it in TIME_WAIT on the port; a restart of
+    `dcoco serve` there must not be refused for that, only for a live listener."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    served, _ = listener.accept()
+    served.close()  # the server side closes first: TIME_WAIT on the listening port
+    client.close()
+    assert not port_is_free("127.0.0.1", port)  # still listening
+    listener.close()
+    assert port_is_free("127.0.0.1", port)

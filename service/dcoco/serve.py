@@ -40,7 +40,10 @@ def free_port() -> int:
 
 
 def port_is_free(host: str, port: int) -> bool:
+    """Whether nothing listens on host:port. SO_REUSEADDR, as uvicorn binds, so connections of a
+    stack that just stopped (TIME_WAIT) do not count."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:
