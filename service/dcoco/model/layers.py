@@ -163,6 +163,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (x * cos + rotated * sin).to(x.dtype)  # [N, H, T, D]
 
 
+SDPA_FROM_QUERIES = 128  # bf16 masked attention: _explicit_attention below, SDPA from here
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: TransformerConfig, layer_idx: int) -> None:
         super().__init__()
@@ -205,7 +208,7 @@ class Attention(nn.Module):
         k, v = self.project_kv(x, cos, sin)  # [N, Hkv, T, D] each
         if kv is not None:
             k, v = kv(self.layer_idx, k, v)  # [N, Hkv, L, D] each
-        if mask is not None and q.dtype == torch.bfloat16:
+        if mask is not None and q.dtype == torch.bfloat16 and t < SDPA_FROM_QUERIES:
             out = _explicit_attention(q, k, v, mask)  # [N, Hq, T, D]
         else:
             out = F.scaled_dot_product_attention(
@@ -220,8 +223,10 @@ def _explicit_attention(
     """Masked grouped-query attention written out: q [N, Hq, T, D], k and v [N, Hkv, L, D],
     mask [N, 1, T, L] -> [N, Hq, T, D], softmax in fp32.
 
-    On CPU in bf16, SDPA's kernels are 3-15x slower than this for the engine's small shapes
-    (one query per row when decoding, B + 1 when verifying); in fp32 they are as fast.
+    On CPU in bf16, SDPA's kernels are up to 6x slower than this for the engine's small
+    shapes (one query per row when decoding, B + 1 when verifying); in fp32 they are as fast.
+    From SDPA_FROM_QUERIES queries on (long prefills, training's many blocks) SDPA is 2-3x
+    faster, forward and backward.
     """
     n, heads, t, d = q.shape
     kv_heads, length = k.shape[1], k.shape[2]
