@@ -56,6 +56,24 @@ def test_drafter_files_follow_the_vllm_dflash_layout(tmp_path: Path) -> None:
     assert any(n.startswith("corrector.") for n in names)
 
 
+def test_a_drafting_vocabulary_follows_vllms_d2t_layout(tmp_path: Path) -> None:
+    """config draft_vocab_size, an own lm_head [V', H] and int64 d2t offsets, as EAGLE-3 ships;
+    vLLM's own spelling of "the whole vocabulary" (draft_vocab_size = V) reads as no reduction."""
+    target = make_target()
+    ids = torch.tensor([2, 3, 5, 7, 11])  # [V']
+    save_drafter(make_drafter(target).with_vocab(ids, target.lm_head.weight), tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    assert raw["draft_vocab_size"] == 5
+    state = load_file(str(tmp_path / "model.safetensors"))
+    assert state["lm_head.weight"].shape == (5, target.config.hidden_size)
+    assert state["d2t"].dtype == torch.int64
+    assert (torch.arange(5) + state["d2t"]).tolist() == ids.tolist()
+    raw["draft_vocab_size"] = target.config.vocab_size
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match=r"unexpected \['d2t', 'lm_head.weight'\]"):
+        load_drafter(tmp_path)
+
+
 def test_target_round_trip(tmp_path: Path) -> None:
     target = make_target()
     save_target(target, tmp_path, {"eos_token_id": 2})
@@ -94,6 +112,12 @@ def corrupt(folder: Path, how: str) -> None:
     elif how == "wrong shape":
         raw["intermediate_size"] = 40
         config.write_text(json.dumps(raw))
+    elif how == "draft vocabulary too large":
+        raw["draft_vocab_size"] = 10**6
+        config.write_text(json.dumps(raw))
+    elif how == "draft vocabulary without its head":
+        raw["draft_vocab_size"] = 8
+        config.write_text(json.dumps(raw))
 
 
 @pytest.mark.parametrize(
@@ -107,6 +131,8 @@ def corrupt(folder: Path, how: str) -> None:
         ("garbage weights", "unreadable"),
         ("missing tensor", "missing \\['fc.weight'\\]"),
         ("wrong shape", "has shape"),
+        ("draft vocabulary too large", "draft_vocab_size must be in"),
+        ("draft vocabulary without its head", "missing \\['d2t', 'lm_head.weight'\\]"),
     ],
 )
 def test_bad_drafter_folders_name_the_problem(tmp_path: Path, how: str, message: str) -> None:

@@ -1,5 +1,8 @@
+from pathlib import Path
+
 import torch
 
+from dcoco.checkpoint import load_drafter, save_drafter
 from dcoco.engine.engine import Engine
 from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
@@ -39,3 +42,40 @@ def test_the_training_path_sees_what_the_cached_engine_path_sees(
         )
     assert len(set(anchors)) == 3
     torch.testing.assert_close(forced[0], torch.stack(cached), rtol=1e-4, atol=1e-4)
+
+
+def test_a_reduced_vocabulary_scores_its_tokens_as_the_whole_one_and_stays_lossless(
+    pair: tuple[CausalLM, DFlashDrafter], tmp_path: Path
+) -> None:
+    """Drafting over every other token (vLLM's d2t layout) gives those tokens the logits the
+    whole vocabulary gives them, survives a save and load, and greedy output is the target's."""
+    target, drafter = pair
+    vocab = target.config.vocab_size
+    kept = torch.randperm(vocab, generator=torch.Generator().manual_seed(0))[: vocab // 2]  # [V']
+    reduced = drafter.with_vocab(kept, target.lm_head.weight)
+    save_drafter(reduced, tmp_path / "reduced")
+    loaded = load_drafter(tmp_path / "reduced")
+    assert loaded.config.draft_vocab_size == vocab // 2
+    ids = loaded.vocab_ids
+    assert ids is not None
+    assert ids.dtype == torch.long
+    assert ids.tolist() == sorted(kept.tolist())
+    hidden = torch.randn(3, drafter.config.model.hidden_size)  # [3, H]
+    with torch.no_grad():
+        torch.testing.assert_close(
+            loaded.logits(hidden, target.lm_head), target.lm_head(hidden)[:, ids]
+        )  # [3, V']
+    prompt = [3, 1, 4, 1, 5, 9, 2]
+    for mode in (Mode.DFLASH, Mode.DCOCO):
+        eng = Engine(target, loaded, EngineConfig(mode=mode, max_batch_size=1, max_model_len=64))
+        (done,), _ = eng.generate([prompt], SamplingParams(max_tokens=24))
+        assert done.token_ids == greedy_reference(target, prompt, 24)
+        eng.add_request("r", prompt, SamplingParams(max_tokens=8))
+        eng.step()
+        with torch.no_grad():
+            draft = eng.runner.draft(eng.scheduler.running)
+            drafted = eng.runner.correct(draft).tokens  # [1, B]
+            best = ids[target.lm_head(draft.hidden)[..., ids].argmax(-1)]  # [1, B]
+        assert set(drafted.flatten().tolist()) <= set(ids.tolist())
+        if mode is Mode.DFLASH:
+            assert torch.equal(drafted, best)

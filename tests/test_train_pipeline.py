@@ -132,7 +132,8 @@ def test_a_pretrained_target_skips_its_stages_and_keeps_features(
     smoke: Path, tmp_path: Path
 ) -> None:
     """The SmolLM2 recipe at smoke size, on the smoke run's target as the "pretrained" one:
-    ShareGPT prompts for prose, features kept from generation, only drafters exported."""
+    ShareGPT prompts for prose, features kept from generation, a drafting vocabulary, only
+    drafters exported."""
     from dataclasses import replace
 
     from dcoco.train.config import SMOKE
@@ -146,6 +147,7 @@ def test_a_pretrained_target_skips_its_stages_and_keeps_features(
         target_path=str(target_dir),
         corpus=replace(SMOKE.corpus, chat_prompts=40),
         distill=replace(SMOKE.distill, keep_features=True),
+        drafter=replace(SMOKE.drafter, train_vocab=100),
     )
     manifest = run_pipeline(cfg, tmp_path / "work", tmp_path / "out")
     assert list(manifest["stages"]) == ["corpus", "distill", "dflash", "dcoco", "dcoco-frozen"]
@@ -168,5 +170,12 @@ def test_a_pretrained_target_skips_its_stages_and_keeps_features(
         known = int(data.lengths[row]) - 1
         torch.testing.assert_close(kept[row, :known], direct[row, :known], rtol=1e-4, atol=1e-4)
         assert not kept[row, known:].any()
-    for name in ("dflash", "dcoco", "dcoco-frozen"):
-        assert load_drafter(tmp_path / "out" / name).config.target_layer_ids == (0, 1)
+    drafters = [load_drafter(tmp_path / "out" / n) for n in ("dflash", "dcoco", "dcoco-frozen")]
+    assert all(d.config.target_layer_ids == (0, 1) for d in drafters)
+    vocabs = [d.vocab_ids for d in drafters]
+    assert vocabs[0] is not None
+    assert len(vocabs[0]) == 100
+    assert all(v is not None and torch.equal(v, vocabs[0]) for v in vocabs)
+    for drafter in drafters:  # the head rows are the target's, for the tokens d2t names
+        assert drafter.lm_head is not None
+        torch.testing.assert_close(drafter.lm_head.weight, target.lm_head.weight[vocabs[0]])

@@ -114,6 +114,29 @@ def test_the_runtime_drafts_what_the_corrector_and_rule_pick(
         assert runtime.latest.tolist() == (expected.index != 0).tolist()
 
 
+def test_a_reduced_vocabulary_drafts_as_upstreams_scattered_logits_would(
+    pair: tuple[CausalLM, DFlashDrafter],
+) -> None:
+    """Top-K over the V' columns with their token ids equals top-K over vLLM's compute_logits,
+    which scatters them into the whole vocabulary with -inf elsewhere."""
+    target, drafter = pair
+    assert drafter.corrector is not None
+    vocab = target.config.vocab_size
+    ids = torch.randperm(vocab, generator=torch.Generator().manual_seed(2))[: vocab // 3]
+    ids = ids.sort().values  # [V']
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 4, target.config.hidden_size)  # [R, B, H]
+    full = target.logits(hidden)  # [R, B, V]
+    scattered = torch.full_like(full, float("-inf"))  # [R, B, V]
+    scattered[..., ids] = full[..., ids]
+    embed = target.model.embed_tokens.weight
+    runtime = DCOCORuntime(drafter.corrector, SelectionConfig(4))
+    reduced = runtime.draft(hidden, full[..., ids], embed, ids)
+    upstream = runtime.draft(hidden, scattered, embed)
+    assert torch.equal(reduced.tokens, upstream.tokens)
+    assert set(reduced.tokens.flatten().tolist()) <= set(ids.tolist())
+
+
 def test_the_v2_score_layout_walks_like_prefix_first(
     pair: tuple[CausalLM, DFlashDrafter],
 ) -> None:

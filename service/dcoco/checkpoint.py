@@ -131,7 +131,8 @@ def _load_state(module: nn.Module, state: dict[str, torch.Tensor], folder: Path)
                 f"{folder}: {name} has shape {tuple(tensor.shape)}, the config needs "
                 f"{tuple(expected[name].shape)}"
             )
-    module.load_state_dict({k: v.float() for k, v in state.items()})
+    floats = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}  # d2t: ids
+    module.load_state_dict(floats)
 
 
 def _read_mask_embedding(file: Path, cfg: DrafterConfig) -> torch.Tensor:

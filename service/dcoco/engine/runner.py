@@ -22,7 +22,7 @@ DTYPES = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16}
 @dataclass(frozen=True)
 class Draft:
     hidden: torch.Tensor  # [N, B, H] the drafter's state at each slot
-    logits: torch.Tensor  # [N, B, V]
+    logits: torch.Tensor  # [N, B, V'] over the drafting vocabulary (`DFlashDrafter.logits`)
 
 
 @dataclass(frozen=True)
@@ -115,16 +115,18 @@ class ModelRunner:
             embeds, view.positions, self.drafter_cache.source(view), view.mask
         )  # [N, B+1, H]
         slots = hidden[:, 1:]  # [N, B, H]
-        return Draft(hidden=slots, logits=self.target.logits(slots))  # [N, B, V]
+        return Draft(hidden=slots, logits=self.drafter.logits(slots, self.target.lm_head))
 
     def correct(self, draft: Draft) -> Selection:
         """Picks the draft: top-1 per slot (dflash) or a rule over corrector scores (dcoco)."""
-        if self.cfg.mode is Mode.DFLASH:
-            tokens = draft.logits.max(-1).indices  # [N, B]; max is faster than argmax on CPU
-            return Selection(index=torch.zeros_like(tokens), tokens=tokens)
         assert self.drafter is not None
+        vocab_ids = self.drafter.vocab_ids  # [V'] or None
+        if self.cfg.mode is Mode.DFLASH:
+            places = draft.logits.max(-1).indices  # [N, B]; max is faster than argmax on CPU
+            tokens = places if vocab_ids is None else vocab_ids[places]  # [N, B]
+            return Selection(index=torch.zeros_like(tokens), tokens=tokens)
         assert self.drafter.corrector is not None
-        cands = Candidates.top_k(draft.logits, self.top_k)  # [N, B, K] each
+        cands = Candidates.top_k(draft.logits, self.top_k, vocab_ids)  # [N, B, K] each
         scores = self.drafter.corrector(
             draft.hidden, cands.ids, cands.logits, self.target.model.embed_tokens.weight
         )  # [N, B-1, K, K]

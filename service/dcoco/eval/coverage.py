@@ -15,6 +15,7 @@ import torch
 
 from dcoco.model.causal_lm import CausalLM
 from dcoco.spec.drafter import DFlashDrafter, teacher_forced_blocks
+from dcoco.spec.select import Candidates
 
 
 @dataclass
@@ -85,11 +86,11 @@ def measure_coverage(
         _, feats = target(tokens, positions, feature_layers=drafter.config.target_layer_ids)
         assert feats is not None
         hidden = teacher_forced_blocks(drafter, target.model.embed_tokens, feats, tokens, anchors)
-        logits = target.logits(hidden[0])  # [A, B, V]
+        logits = drafter.logits(hidden[0], target.lm_head)  # [A, B, V']
         wanted = anchors[0].unsqueeze(1) + torch.arange(1, block + 1)  # [A, B]
         valid = wanted < length  # [A, B]
         labels = tokens[0, wanted.clamp(max=length - 1)]  # [A, B]
-        candidates = logits.topk(top_k, dim=-1).indices  # [A, B, K]
+        candidates = Candidates.top_k(logits, top_k, drafter.vocab_ids).ids  # [A, B, K]
         hits = candidates == labels.unsqueeze(-1)  # [A, B, K]
         result.add(hits[..., 0], hits.any(-1), valid)
     return result

@@ -6,6 +6,10 @@ frozen). Keys and values come from two places: the block itself, and the context
 target's features at the chosen layers, concatenated, projected by `fc` and normalised by
 `hidden_norm`. Context keys/values are computed once per committed token and cached; they go
 through each layer's k_proj / k_norm / v_proj directly, without that layer's input norm.
+
+A drafter may draft over a reduced vocabulary, in vLLM's EAGLE-3 layout: `draft_vocab_size`
+in its config, its own `lm_head` [V', H] (the target's rows for those tokens) and `d2t` [V']
+offsets, so that logit column c is token c + d2t[c]. The lm_head is then a sixth of the cost.
 """
 
 from dataclasses import dataclass, replace
@@ -29,6 +33,7 @@ class DrafterConfig:
     target_layer_ids: tuple[int, ...]  # 0-based target layers whose outputs feed the context
     target_hidden_size: int
     corrector: CorrectorConfig | None = None  # None: a plain DFlash drafter
+    draft_vocab_size: int | None = None  # V' < V tokens it drafts over; None: all of them
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -39,6 +44,10 @@ class DrafterConfig:
             raise ValueError("target_layer_ids must be non-empty, ascending and unique")
         if not 0 <= self.mask_token_id < self.model.vocab_size:
             raise ValueError(f"mask_token_id {self.mask_token_id} is outside the vocabulary")
+        if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size < (
+            self.model.vocab_size
+        ):
+            raise ValueError(f"draft_vocab_size must be in [1, {self.model.vocab_size})")
 
     @property
     def architecture(self) -> str:
@@ -56,6 +65,8 @@ class DrafterConfig:
         }
         if self.corrector:
             raw["dcoco_config"] = self.corrector.to_dict()
+        if self.draft_vocab_size:
+            raw["draft_vocab_size"] = self.draft_vocab_size
         return raw
 
     @classmethod
@@ -71,6 +82,7 @@ class DrafterConfig:
         if (archs == [DCOCO_ARCHITECTURE]) != (corrector is not None):
             raise ValueError(f"{DCOCO_ARCHITECTURE} needs dcoco_config, and only it has one")
         model = TransformerConfig.from_hf(raw)
+        draft_vocab = raw.get("draft_vocab_size")  # vLLM writes the target's size for "all"
         try:
             return cls(
                 model=model,
@@ -79,6 +91,9 @@ class DrafterConfig:
                 target_layer_ids=tuple(int(i) for i in dflash["target_layer_ids"]),
                 target_hidden_size=int(raw.get("target_hidden_size") or model.hidden_size),
                 corrector=CorrectorConfig(**corrector) if corrector is not None else None,
+                draft_vocab_size=(
+                    int(draft_vocab) if draft_vocab not in (None, model.vocab_size) else None
+                ),
             )
         except KeyError as missing:
             raise ValueError(f"drafter config lacks {missing.args[0]!r}") from None
@@ -104,6 +119,10 @@ class DFlashDrafter(nn.Module):
             Corrector(cfg.corrector, m.hidden_size, m.hidden_size) if cfg.corrector else None
         )
         self.rotary = Rotary(m.head_dim, m.rope_theta, m.max_position_embeddings)
+        self.lm_head: nn.Linear | None = None  # None: the target's lm_head, shared
+        if cfg.draft_vocab_size:
+            self.lm_head = nn.Linear(m.hidden_size, cfg.draft_vocab_size, bias=False)
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
         # A learned mask-slot embedding, shipped as mask_embedding.pt; None uses the target's.
         self.mask_embedding: torch.Tensor | None = None
 
@@ -117,6 +136,34 @@ class DFlashDrafter(nn.Module):
         if self.mask_embedding is not None:
             embeds[:, 1:] = self.mask_embedding  # [N, B, H]
         return embeds
+
+    def logits(self, hidden: torch.Tensor, target_head: nn.Module) -> torch.Tensor:
+        """Slot states [..., H] -> logits over the drafting vocabulary [..., V'] (V' = V with
+        the target's head); `vocab_ids` names each column's token."""
+        return (target_head if self.lm_head is None else self.lm_head)(hidden)  # [..., V']
+
+    @property
+    def vocab_ids(self) -> torch.Tensor | None:
+        """[V'] the token id of each logit column; None when the columns are the token ids."""
+        if self.lm_head is None:
+            return None
+        d2t = cast(torch.Tensor, self.d2t)  # [V']
+        return torch.arange(len(d2t), device=d2t.device) + d2t  # [V']
+
+    def with_vocab(self, ids: torch.Tensor, target_head: torch.Tensor) -> "DFlashDrafter":
+        """A copy that drafts over token ids [V'] only, reading them through the target's head
+        rows target_head[ids] [V', H]."""
+        if self.lm_head is not None:
+            raise ValueError("the drafter already drafts over a reduced vocabulary")
+        ids = ids.sort().values  # [V'], ascending as vLLM's checkpoints list them
+        copy = DFlashDrafter(replace(self.config, draft_vocab_size=len(ids)))
+        copy.load_state_dict(self.state_dict(), strict=False)
+        assert copy.lm_head is not None
+        with torch.no_grad():
+            copy.lm_head.weight.copy_(target_head[ids])  # [V', H]
+            cast(torch.Tensor, copy.d2t).copy_(ids - torch.arange(len(ids)))  # [V']
+        copy.mask_embedding = self.mask_embedding
+        return copy.eval()
 
     def context(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [N, T, F] -> context states [N, T, H]."""

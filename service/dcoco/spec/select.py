@@ -21,9 +21,13 @@ class Candidates:
     logits: torch.Tensor  # [R, B, K] the drafter's logits for them
 
     @classmethod
-    def top_k(cls, logits: torch.Tensor, k: int) -> "Candidates":
-        values, ids = logits.topk(k, dim=-1)  # [R, B, K] each, sorted descending
-        return cls(ids=ids, logits=values)
+    def top_k(
+        cls, logits: torch.Tensor, k: int, vocab_ids: torch.Tensor | None = None
+    ) -> "Candidates":
+        """logits [R, B, V'] -> the K best per slot; `vocab_ids` [V'] maps the columns to
+        token ids when the logits range over a drafting vocabulary (None: columns are ids)."""
+        values, places = logits.topk(k, dim=-1)  # [R, B, K] each, sorted descending
+        return cls(ids=places if vocab_ids is None else vocab_ids[places], logits=values)
 
 
 @dataclass(frozen=True)

@@ -75,8 +75,9 @@ class DrafterTrainConfig:
     lr: float = 2e-3  # ~1.7M parameters and ~1k steps: a fast rate, clipped at norm 1
     warmup_steps: int = 50
     depth_decay: float = 7.0  # slot p weighs exp(-p / 7): deep slots rarely get verified
-    # > 0: the training softmax ranges over this many most frequent answer tokens (the lm_head
-    # dominates a step's cost for large vocabularies); 0: the whole vocabulary.
+    # > 0: the drafting vocabulary, this many most frequent answer tokens: the training softmax
+    # ranges over them and the exported drafters draft over them (the lm_head dominates a
+    # drafter's cost for large vocabularies); 0: the whole vocabulary.
     train_vocab: int = 0
     max_steps: int = 100_000  # time decides
     budget_s: float = 720.0

@@ -128,11 +128,13 @@ def train_drafter(
     drafter: DFlashDrafter,
     target: CausalLM,
     data: Continuations,
+    vocab: TrainVocab,
     dcfg: DrafterTrainConfig,
     ccfg: CorrectorTrainConfig,
     seed: int,
 ) -> tuple[DFlashDrafter, LoopResult]:
-    """Trains `drafter` in place for one phase; returns it in eval mode with the loop's record."""
+    """Trains `drafter` in place for one phase; returns it in eval mode with the loop's record.
+    `vocab` is the drafting vocabulary, the same for every phase."""
     target.requires_grad_(False)
     assert drafter.mask_embedding is not None
     mask = nn.Parameter(drafter.mask_embedding.clone())
@@ -149,12 +151,6 @@ def train_drafter(
     layers = drafter.config.target_layer_ids
     if data.features is not None and data.feature_layers != layers:
         raise ValueError(f"the data keeps layers {data.feature_layers}, the drafter reads {layers}")
-    vocab_size = target.config.vocab_size
-    vocab = (
-        TrainVocab.frequent(data, vocab_size, dcfg.train_vocab)
-        if dcfg.train_vocab
-        else TrainVocab.full(vocab_size)
-    )
 
     def step() -> dict[str, torch.Tensor]:
         rows = torch.randint(0, len(data), (settings.batch_size,), generator=generator)  # [N]

@@ -25,6 +25,7 @@ from dcoco.train.data import Continuations, encode_stream
 from dcoco.train.distill_stage import distill_prompts, generate_continuations
 from dcoco.train.drafter_stage import Phase, new_drafter, train_drafter, with_corrector
 from dcoco.train.target_stage import heldout_loss, train_target
+from dcoco.train.vocab import TrainVocab
 
 CONTINUATIONS = "continuations.pt"
 Facts = dict[str, Any]
@@ -118,17 +119,26 @@ def split_continuations(cfg: PipelineConfig, work: Path) -> tuple[Continuations,
     return data.subset(torch.arange(cut)), data.subset(torch.arange(cut, len(data)))  # [S1], [S2]
 
 
+def drafting_vocab(cfg: PipelineConfig, drafter_data: Continuations, vocab_size: int) -> TrainVocab:
+    """The tokens every phase trains over and the exported drafters draft over: the drafter
+    part's most frequent answer tokens, or the whole vocabulary."""
+    if not cfg.drafter.train_vocab:
+        return TrainVocab.full(vocab_size)
+    return TrainVocab.frequent(drafter_data, vocab_size, cfg.drafter.train_vocab)
+
+
 def build_drafter(cfg: PipelineConfig, work: Path, out: Path, phase: Phase) -> Facts:
     target = load_target(target_dir(cfg, work))
     mask_id = Tokenizer.from_dir(target_dir(cfg, work)).token_id(cfg.mask_token)
     drafter_data, corrector_data = split_continuations(cfg, work)
+    vocab = drafting_vocab(cfg, drafter_data, target.config.vocab_size)
     if phase is Phase.DFLASH:
         drafter, data = new_drafter(cfg.drafter, target, mask_id, cfg.seed), drafter_data
     else:
         drafter = with_corrector(load_drafter(work / "dflash"), cfg.corrector, cfg.seed)
         data = corrector_data
     drafter, result = train_drafter(
-        phase, drafter, target, data, cfg.drafter, cfg.corrector, cfg.seed
+        phase, drafter, target, data, vocab, cfg.drafter, cfg.corrector, cfg.seed
     )
     save_drafter(drafter, out)
     trainable = sum(p.numel() for p in drafter.parameters())
@@ -138,8 +148,9 @@ def build_drafter(cfg: PipelineConfig, work: Path, out: Path, phase: Phase) -> F
 
 
 def export(cfg: PipelineConfig, work: Path, dest: Path, manifest: Facts) -> None:
-    """The shipped folders: weights in bf16 (the loader casts to fp32), held-out prompts. A
-    pretrained target is not exported: `make setup` prepares it where the drafters expect it."""
+    """The shipped folders: weights in bf16 (the loader casts to fp32), each drafter with its
+    drafting vocabulary, held-out prompts. A pretrained target is not exported: `make setup`
+    prepares it where the drafters expect it."""
     if not cfg.target_path:
         tokenizer = Tokenizer.from_dir(work / "target")
         save_target(
@@ -148,8 +159,12 @@ def export(cfg: PipelineConfig, work: Path, dest: Path, manifest: Facts) -> None
             special_ids(tokenizer),
         )
         save_tokenizer(tokenizer.inner, dest / "target")
+    head = load_target(target_dir(cfg, work)).lm_head.weight  # [V, H]
+    vocab = drafting_vocab(cfg, split_continuations(cfg, work)[0], head.shape[0])
     for name in (Phase.DFLASH, Phase.JOINT, Phase.FROZEN):
         drafter = load_drafter(work / name.value)
+        if cfg.drafter.train_vocab:
+            drafter = drafter.with_vocab(vocab.ids, head)
         mask = drafter.mask_embedding
         drafter = drafter.to(torch.bfloat16)
         drafter.mask_embedding = mask

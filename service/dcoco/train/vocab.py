@@ -3,8 +3,8 @@
 The lm_head is most of a drafter step's cost: with SmolLM2's 49,152 tokens it is 90% of the
 matrix products. The labels are the target's own answers, which use a fraction of the
 vocabulary, so training may rank only the most frequent answer tokens (as EAGLE-3 drafts over a
-reduced vocabulary). A slot whose label falls outside is left out of the loss. Inference always
-scores the whole vocabulary, so the checkpoint is unchanged.
+reduced vocabulary). A slot whose label falls outside is left out of the loss. The exported
+drafters draft over the same tokens (`DFlashDrafter.with_vocab`).
 """
 
 from dataclasses import dataclass

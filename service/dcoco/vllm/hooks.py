@@ -91,11 +91,12 @@ def _sample_draft_tokens(
         return original(self, hidden_states, sampling_metadata)
     model = _unwrap(self.model)
     block = self.num_speculative_tokens  # B
-    logits = model.compute_logits(hidden_states)  # [R*B, V]
+    logits, vocab_ids = model.draft_logits(hidden_states)  # [R*B, V'], [V'] or None
     chosen = runtime.draft(
         hidden_states.view(-1, block, hidden_states.shape[-1]),  # [R, B, H]
-        logits.view(-1, block, logits.shape[-1]),  # [R, B, V]
+        logits.view(-1, block, logits.shape[-1]),  # [R, B, V']
         model.embed_weight(),
+        vocab_ids,
     )
     return chosen.tokens.reshape(-1), None  # [R*B]; q one-hot
 

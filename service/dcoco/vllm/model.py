@@ -17,6 +17,7 @@ from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM, DFla
 
 from dcoco.spec.corrector import Corrector, CorrectorConfig
 from dcoco.spec.drafter import DCOCO_ARCHITECTURE
+from dcoco.spec.select import Candidates
 from dcoco.vllm import hooks
 from dcoco.vllm.metrics import PluginMetrics
 from dcoco.vllm.runtime import DCOCORuntime, SelectionConfig
@@ -50,8 +51,6 @@ class DCOCODraftModel(DFlashQwen3ForCausalLM):
                 f"a DCOCO drafter lists exactly one architecture, {DCOCO_ARCHITECTURE!r}; "
                 f"got {archs!r}"
             )
-        if self.draft_id_to_target_id is not None:
-            raise ValueError("the DCOCO drafter needs the target's vocabulary")
         hidden = self.config.hidden_size
         try:
             corrector_cfg = CorrectorConfig(**raw["dcoco_config"])
@@ -93,11 +92,23 @@ class DCOCODraftModel(DFlashQwen3ForCausalLM):
         # The drafter's own device and dtype, so the corrector reads its tensors uncast.
         corrector.to(device=self.lm_head.weight.device, dtype=self.lm_head.weight.dtype).eval()
 
+    def draft_logits(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Slot states [N, H] -> logits over the drafting vocabulary [N, V'], and each
+        column's token id [V'] (None when V' is the whole vocabulary).
+
+        Upstream's compute_logits scatters a reduced vocabulary (`d2t`) back into [N, V] with
+        -inf elsewhere; top-K needs only the V' columns, so this skips the scatter."""
+        logits = self.logits_processor(self.lm_head, hidden_states)  # [N, V']
+        d2t = self.draft_id_to_target_id  # [V'] offsets, or None
+        if d2t is None:
+            return logits, None
+        return logits, torch.arange(len(d2t), device=d2t.device) + d2t  # [N, V'], [V']
+
     def compute_candidates(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Slot states [N, H] -> top-K ids and logits [N, K] each (the V2 speculator's input)."""
-        logits = self.compute_logits(hidden_states)  # [N, V]
-        values, ids = logits.topk(self.dcoco.selection.top_k, dim=-1)  # [N, K] each
-        return ids, values
+        logits, vocab_ids = self.draft_logits(hidden_states)  # [N, V'], [V'] or None
+        cands = Candidates.top_k(logits, self.dcoco.selection.top_k, vocab_ids)  # [N, K] each
+        return cands.ids, cands.logits
 
     def embed_weight(self) -> torch.Tensor:
         """The target's input embedding [V, E] (vLLM shares it into the drafter at load)."""

@@ -80,14 +80,19 @@ class DCOCORuntime:
 
     @torch.inference_mode()
     def draft(
-        self, hidden: torch.Tensor, logits: torch.Tensor, embed_weight: torch.Tensor
+        self,
+        hidden: torch.Tensor,
+        logits: torch.Tensor,
+        embed_weight: torch.Tensor,
+        vocab_ids: torch.Tensor | None = None,
     ) -> Selection:
-        """Slot states [R, B, H] and drafter logits [R, B, V] -> the selected draft.
+        """Slot states [R, B, H] and drafter logits [R, B, V'] -> the selected draft.
+        `vocab_ids` [V'] names each logit column's token for a reduced drafting vocabulary.
 
         Slot 0 keeps the drafter's top-1 under every rule but global, which may pick another
         start; prefix-first is the default."""
         start = time.perf_counter()
-        cands = Candidates.top_k(logits, self.selection.top_k)  # [R, B, K] each
+        cands = Candidates.top_k(logits, self.selection.top_k, vocab_ids)  # [R, B, K] each
         scores = self.corrector(hidden, cands.ids, cands.logits, embed_weight)  # [R, B-1, K, K]
         chosen = select(self.selection.rule, scores, cands, self.selection.gamma)
         self.latest = (chosen.index != 0).cpu()  # [R, B]
