@@ -214,6 +214,21 @@ def test_export_both_formats(folders: dict[str, Path], tmp_path: Path) -> None:
         export_drafter(tmp_path / "p", tmp_path / "x", ExportOptions())
 
 
+def test_the_plain_export_keeps_a_drafting_vocabulary(tmp_path: Path) -> None:
+    """Mode dflash on a reduced-vocabulary DCOCO drafter: stock vLLM still gets d2t and the
+    drafter's own head rows."""
+    target = make_target()
+    ids = torch.arange(0, target.config.vocab_size, 2)  # [V']
+    reduced = make_drafter(target).with_vocab(ids, target.lm_head.weight)
+    save_drafter(reduced, tmp_path / "src")
+    export_drafter(tmp_path / "src", tmp_path / "p", ExportOptions(format="dflash"))
+    plain = load_drafter(tmp_path / "p")
+    assert plain.corrector is None
+    assert plain.vocab_ids is not None
+    assert plain.vocab_ids.tolist() == ids.tolist()
+    assert json.loads((tmp_path / "p" / "config.json").read_text())["draft_vocab_size"] == len(ids)
+
+
 def test_export_drafter_command_errors_are_one_line(
     folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
