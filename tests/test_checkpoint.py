@@ -118,6 +118,10 @@ def corrupt(folder: Path, how: str) -> None:
     elif how == "draft vocabulary without its head":
         raw["draft_vocab_size"] = 8
         config.write_text(json.dumps(raw))
+    elif how == "d2t outside the vocabulary":
+        state = load_file(str(weights))
+        state["d2t"] = state["d2t"] + 10**6
+        save_file(state, str(weights))
 
 
 @pytest.mark.parametrize(
@@ -133,10 +137,15 @@ def corrupt(folder: Path, how: str) -> None:
         ("wrong shape", "has shape"),
         ("draft vocabulary too large", "draft_vocab_size must be in"),
         ("draft vocabulary without its head", "missing \\['d2t', 'lm_head.weight'\\]"),
+        ("d2t outside the vocabulary", "d2t maps columns outside"),
     ],
 )
 def test_bad_drafter_folders_name_the_problem(tmp_path: Path, how: str, message: str) -> None:
-    save_drafter(DFlashDrafter(drafter_config(make_target())), tmp_path)
+    target = make_target()
+    drafter = DFlashDrafter(drafter_config(target))
+    if how.startswith("d2t"):
+        drafter = drafter.with_vocab(torch.arange(8), target.lm_head.weight)
+    save_drafter(drafter, tmp_path)
     corrupt(tmp_path, how)
     with pytest.raises(CheckpointError, match=message):
         load_drafter(tmp_path)

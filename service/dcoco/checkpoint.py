@@ -65,6 +65,13 @@ def load_drafter(path: str | Path) -> DFlashDrafter:
         raise CheckpointError(f"{folder / 'config.json'}: {bad}") from None
     drafter = DFlashDrafter(cfg)
     _load_state(drafter, _read_weights(folder), folder)
+    ids = drafter.vocab_ids  # [V'] or None
+    if ids is not None and (
+        int(ids.min()) < 0 or int(ids.max()) >= cfg.model.vocab_size or len(ids.unique()) < len(ids)
+    ):
+        raise CheckpointError(
+            f"{folder}: d2t maps columns outside the vocabulary, or two to one token"
+        )
     mask_file = folder / MASK_EMBEDDING_FILE
     if mask_file.exists():
         drafter.mask_embedding = _read_mask_embedding(mask_file, cfg)
