@@ -14,7 +14,7 @@ from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Precision
 from dcoco.spec.drafter import DFlashDrafter
-from dcoco.spec.select import Candidates, Selection, select
+from dcoco.spec.select import Candidates, Selection, select, token_ids
 
 DTYPES = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16}
 
@@ -123,7 +123,7 @@ class ModelRunner:
         vocab_ids = self.drafter.vocab_ids  # [V'] or None
         if self.cfg.mode is Mode.DFLASH:
             places = draft.logits.max(-1).indices  # [N, B]; max is faster than argmax on CPU
-            tokens = places if vocab_ids is None else vocab_ids[places]  # [N, B]
+            tokens = token_ids(places, vocab_ids)  # [N, B]
             return Selection(index=torch.zeros_like(tokens), tokens=tokens)
         assert self.drafter.corrector is not None
         cands = Candidates.top_k(draft.logits, self.top_k, vocab_ids)  # [N, B, K] each

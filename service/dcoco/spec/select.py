@@ -27,7 +27,12 @@ class Candidates:
         """logits [R, B, V'] -> the K best per slot; `vocab_ids` [V'] maps the columns to
         token ids when the logits range over a drafting vocabulary (None: columns are ids)."""
         values, places = logits.topk(k, dim=-1)  # [R, B, K] each, sorted descending
-        return cls(ids=places if vocab_ids is None else vocab_ids[places], logits=values)
+        return cls(ids=token_ids(places, vocab_ids), logits=values)
+
+
+def token_ids(places: torch.Tensor, vocab_ids: torch.Tensor | None) -> torch.Tensor:
+    """Logit columns [...] -> token ids [...] through a drafting vocabulary's ids [V']."""
+    return places if vocab_ids is None else vocab_ids[places]  # [...]
 
 
 @dataclass(frozen=True)

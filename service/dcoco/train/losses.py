@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from dcoco.spec.corrector import Corrector
-from dcoco.spec.select import Candidates
+from dcoco.spec.select import Candidates, token_ids
 
 IGNORE = -100
 
@@ -85,5 +85,5 @@ def corrector_scores(
     columns to token ids when they range over part of the vocabulary."""
     places = Candidates.top_k(logits.detach(), corrector.config.top_k).ids  # [R, B, K]
     cand_logits = logits.gather(-1, places)  # [R, B, K]
-    ids = places if vocab_ids is None else vocab_ids[places]  # [R, B, K]
+    ids = token_ids(places, vocab_ids)  # [R, B, K]
     return ids, corrector(hidden, ids, cand_logits, embed_weight)  # [R, B-1, K, K]
