@@ -378,7 +378,7 @@ def test_engine_vllm_without_vllm_is_one_line() -> None:
 
 
 def test_a_malformed_drafter_is_refused_before_vllm_starts(
-    folders: dict[str, Path], tmp_path: Path
+    pair: tuple[CausalLM, DFlashDrafter], folders: dict[str, Path], tmp_path: Path
 ) -> None:
     from safetensors.torch import load_file, save_file
 
@@ -398,4 +398,11 @@ def test_a_malformed_drafter_is_refused_before_vllm_starts(
     raw = json.loads((broken / "config.json").read_text())
     (broken / "config.json").write_text(json.dumps(raw | {"architectures": ["A", "B"]}))
     with pytest.raises(CheckpointError, match="architectures"):
+        check_drafter(broken)
+    target, drafter = pair
+    save_drafter(drafter.with_vocab(torch.arange(8), target.lm_head.weight), broken)
+    check_drafter(broken)
+    weights = load_file(str(broken / "model.safetensors"))
+    save_file(weights | {"d2t": weights["d2t"] - 1}, str(broken / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="d2t maps columns outside"):
         check_drafter(broken)

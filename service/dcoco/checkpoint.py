@@ -65,17 +65,20 @@ def load_drafter(path: str | Path) -> DFlashDrafter:
         raise CheckpointError(f"{folder / 'config.json'}: {bad}") from None
     drafter = DFlashDrafter(cfg)
     _load_state(drafter, _read_weights(folder), folder)
-    ids = drafter.vocab_ids  # [V'] or None
-    if ids is not None and (
-        int(ids.min()) < 0 or int(ids.max()) >= cfg.model.vocab_size or len(ids.unique()) < len(ids)
-    ):
-        raise CheckpointError(
-            f"{folder}: d2t maps columns outside the vocabulary, or two to one token"
-        )
+    if drafter.vocab_ids is not None:
+        check_vocab_ids(drafter.vocab_ids, cfg.model.vocab_size, folder)
     mask_file = folder / MASK_EMBEDDING_FILE
     if mask_file.exists():
         drafter.mask_embedding = _read_mask_embedding(mask_file, cfg)
     return drafter.eval()
+
+
+def check_vocab_ids(ids: torch.Tensor, vocab_size: int, folder: Path) -> None:
+    """Refuses a drafting vocabulary ids [V'] that is not V' distinct tokens of the target's."""
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size or len(ids.unique()) < len(ids):
+        raise CheckpointError(
+            f"{folder}: d2t maps columns outside the vocabulary, or two to one token"
+        )
 
 
 def save_drafter(drafter: DFlashDrafter, path: str | Path) -> None:

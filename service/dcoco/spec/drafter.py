@@ -104,6 +104,11 @@ class DrafterConfig:
         return replace(self, corrector=None)
 
 
+def column_ids(d2t: torch.Tensor) -> torch.Tensor:
+    """vLLM's d2t offsets [V'] -> the token id of each logit column [V']."""
+    return torch.arange(len(d2t), device=d2t.device) + d2t  # [V']
+
+
 class DFlashDrafter(nn.Module):
     def __init__(self, cfg: DrafterConfig) -> None:
         super().__init__()
@@ -147,8 +152,7 @@ class DFlashDrafter(nn.Module):
         """[V'] the token id of each logit column; None when the columns are the token ids."""
         if self.lm_head is None:
             return None
-        d2t = cast(torch.Tensor, self.d2t)  # [V']
-        return torch.arange(len(d2t), device=d2t.device) + d2t  # [V']
+        return column_ids(cast(torch.Tensor, self.d2t))  # [V']
 
     def with_vocab(self, ids: torch.Tensor, target_head: torch.Tensor) -> "DFlashDrafter":
         """A copy that drafts over token ids [V'] only, reading them through the target's head

@@ -10,10 +10,16 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from dcoco.checkpoint import CheckpointError, read_config
+from dcoco.checkpoint import CheckpointError, check_vocab_ids, read_config
 from dcoco.settings import WorkerSettings
 from dcoco.shared.options import Mode, Precision
-from dcoco.spec.drafter import DCOCO_ARCHITECTURE, DFLASH_ARCHITECTURE, DFlashDrafter, DrafterConfig
+from dcoco.spec.drafter import (
+    DCOCO_ARCHITECTURE,
+    DFLASH_ARCHITECTURE,
+    DFlashDrafter,
+    DrafterConfig,
+    column_ids,
+)
 from dcoco.vllm.export import ExportOptions, export_drafter
 from dcoco.vllm.runtime import SelectionConfig
 
@@ -40,8 +46,9 @@ def max_model_len(settings: WorkerSettings) -> int:
 
 def check_drafter(folder: Path) -> dict[str, Any]:
     """The drafter's config, after checking it and its weights' names and shapes against each
-    other without loading a tensor; raises CheckpointError, so that a malformed folder is one
-    line here rather than a failure deep inside vLLM's worker process."""
+    other, and its drafting vocabulary (d2t), without loading another tensor; raises
+    CheckpointError, so that a malformed folder is one line here rather than a failure deep
+    inside vLLM's worker process."""
     import torch
     from safetensors import SafetensorError, safe_open
 
@@ -55,11 +62,14 @@ def check_drafter(folder: Path) -> dict[str, Any]:
     try:
         with safe_open(str(folder / "model.safetensors"), framework="pt") as weights:
             found = {k: tuple(weights.get_slice(k).get_shape()) for k in weights.keys()}  # noqa: SIM118
+            d2t = weights.get_tensor("d2t") if "d2t" in found else None  # [V'] or None
     except (SafetensorError, OSError) as bad:
         raise CheckpointError(f"{folder / 'model.safetensors'}: unreadable ({bad})") from None
     if found != expected:
         wrong = sorted(k for k in expected.keys() | found.keys() if expected.get(k) != found.get(k))
         raise CheckpointError(f"{folder}: weights do not match the config: {wrong[:4]}")
+    if d2t is not None:
+        check_vocab_ids(column_ids(d2t), cfg.model.vocab_size, folder)
     return raw
 
 
