@@ -147,7 +147,8 @@ class Rotary:
         self.dtype = dtype or self.dtype
         if size <= self.cos.shape[0] and self.cos.dtype == self.dtype:
             return
-        angles = torch.outer(torch.arange(max(size, self.cos.shape[0])).double(), self.inv_freq)
+        positions = torch.arange(max(size, self.cos.shape[0])).double()  # [P]
+        angles = torch.outer(positions, self.inv_freq)  # [P, D/2]
         angles = torch.cat([angles, angles], dim=-1)  # [P, D]
         self.cos, self.sin = angles.cos().to(self.dtype), angles.sin().to(self.dtype)  # [P, D]
 
@@ -231,7 +232,7 @@ def _explicit_attention(
     n, heads, t, d = q.shape
     kv_heads, length = k.shape[1], k.shape[2]
     group = q.reshape(n, kv_heads, heads // kv_heads * t, d)  # [N, Hkv, G*T, D]
-    scores = (group @ k.transpose(-1, -2)).view(n, kv_heads, heads // kv_heads, t, length)
+    scores = (group @ k.transpose(-1, -2)).view(n, kv_heads, -1, t, length)  # [N, Hkv, G, T, L]
     scores = scores.float().mul_(d**-0.5)  # [N, Hkv, G, T, L]
     scores.masked_fill_(~mask.view(n, 1, 1, t, length), float("-inf"))  # [N, Hkv, G, T, L]
     weights = scores.softmax(-1).to(q.dtype).view(n, kv_heads, -1, length)  # [N, Hkv, G*T, L]

@@ -58,8 +58,10 @@ def sample(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """
     cdf = weights.cumsum(-1)  # [R, V]
     total = cdf[:, -1:]  # [R, 1]
-    point = torch.minimum(uniforms.unsqueeze(1) * total, total.nextafter(torch.zeros_like(total)))
-    return torch.searchsorted(cdf, point, right=True).squeeze(1).clamp(max=weights.shape[-1] - 1)
+    below = total.nextafter(torch.zeros_like(total))  # [R, 1], the largest float under total
+    point = torch.minimum(uniforms.unsqueeze(1) * total, below)  # [R, 1]
+    found = torch.searchsorted(cdf, point, right=True).squeeze(1)  # [R]
+    return found.clamp(max=weights.shape[-1] - 1)  # [R]
 
 
 def verify_sampled(probs: torch.Tensor, draft: torch.Tensor, uniforms: torch.Tensor) -> Verdict:

