@@ -9,6 +9,7 @@ stops, and another worker finishes them.
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from dcoco.queue.protocol import ModelCard
 from dcoco.settings import GatewaySettings, WorkerSettings
 from dcoco.shared.instant import InstantEngineClient
 from dcoco.shared.protocol import EngineDelta, EngineRequest
+from dcoco.shared.stats import SpecStats
 from dcoco.shared.supervisor import LoopFailed
 from dcoco.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
 from dcoco.worker.http import Health
@@ -74,12 +76,19 @@ class FaultyQueue(WorkerQueue):
 
 
 class PacedEngine(InstantEngineClient):
-    """The instant fixture, one delta every 20 ms: requests stay in flight for a while."""
+    """The instant fixture, one delta every 20 ms: requests stay in flight for a while. Each
+    delta reports itself as one speculative cycle: all but its last token accepted drafted
+    tokens, and one drafted token rejected."""
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineDelta]:  # type: ignore[override]
+        sent = cycles = 0
         async for delta in super().generate(request):
             await asyncio.sleep(0.02)
-            yield delta
+            sent, cycles = sent + len(delta.token_ids), cycles + 1
+            stats = SpecStats(
+                verifications=cycles, draft_tokens=sent, accepted_tokens=sent - cycles
+            )
+            yield replace(delta, stats=stats)
 
 
 @pytest.fixture(scope="module")
@@ -138,9 +147,11 @@ def gateway(server: RedisServer) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30)
 
 
-async def stream_chat(client: httpx.AsyncClient, max_tokens: int) -> tuple[str, dict[str, Any]]:
+async def stream_chat(
+    client: httpx.AsyncClient, max_tokens: int, seed: int | None = None
+) -> tuple[str, dict[str, Any]]:
     """The streamed text and the usage chunk of one chat request."""
-    body = {
+    body: dict[str, Any] = {
         "model": "m",
         "messages": [{"role": "user", "content": "hello"}],
         "max_tokens": max_tokens,
@@ -148,6 +159,8 @@ async def stream_chat(client: httpx.AsyncClient, max_tokens: int) -> tuple[str, 
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if seed is not None:
+        body["seed"] = seed
     text, usage = "", {}
     async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
         assert reply.status_code == 200
@@ -184,15 +197,16 @@ async def test_a_crashing_loop_is_restarted_and_the_worker_keeps_serving(
     await running.task
 
 
+@pytest.mark.parametrize("seed", [None, 7], ids=["continued", "replayed"])
 async def test_a_loop_that_keeps_crashing_hands_its_requests_to_another_worker(
-    redis_server: RedisServer, tokenizer_dir: Path
+    redis_server: RedisServer, tokenizer_dir: Path, seed: int | None
 ) -> None:
     redis_server.client().flushall()
     doomed = await start_worker(
         redis_server, tokenizer_dir, "doomed", method="cancelled", times=10**6
     )
     async with gateway(redis_server) as client:
-        requests = [asyncio.create_task(stream_chat(client, max_tokens=2000)) for _ in range(4)]
+        requests = [asyncio.create_task(stream_chat(client, 2000, seed)) for _ in range(4)]
         await until(lambda: len(doomed.worker.inflight) == 4)
         healthy = await start_worker(redis_server, tokenizer_dir, "healthy")
         with pytest.raises(LoopFailed):
@@ -203,5 +217,9 @@ async def test_a_loop_that_keeps_crashing_hands_its_requests_to_another_worker(
         assert "doomed" not in redis_server.client().zrange("dcoco:m:workers", 0, -1)
         results = await asyncio.gather(*requests)
         assert [usage["completion_tokens"] for _, usage in results] == [2000] * 4
+        # both attempts' speculation: 125 cycles of 16 tokens, wherever the hand-over fell
+        speculation = [usage["completion_tokens_details"] for _, usage in results]
+        expected = {"accepted_prediction_tokens": 1875, "rejected_prediction_tokens": 125}
+        assert [{k: d[k] for k in expected} for d in speculation] == [expected] * 4
     healthy.stop.set()
     await healthy.task

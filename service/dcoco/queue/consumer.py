@@ -42,6 +42,8 @@ class Ownership:
     next_seq: int = 0
     emitted_ids: list[int] = field(default_factory=list)
     sent_text: str = ""
+    accepted: int = 0  # drafted tokens accepted behind emitted_ids, over the earlier attempts
+    rejected: int = 0  # and rejected
     finished: bool = False  # an earlier attempt already wrote done or error
 
 
@@ -119,6 +121,8 @@ class WorkerQueue:
                 owned.next_seq = max(owned.next_seq, event.seq + 1)
                 owned.emitted_ids += event.token_ids
                 owned.sent_text += event.text
+                owned.accepted += event.accepted
+                owned.rejected += event.rejected
                 owned.finished = owned.finished or event.kind != "delta"
         return owned
 

@@ -52,13 +52,17 @@ class ErrorInfo(Frozen):
 class Event(Frozen):
     """One response event. `seq` counts a request's delta, done and error events across
     attempts; `attempt` says which delivery wrote it (a reclaimed request continues with
-    attempt + 1). A "start" event (seq -1) says a worker has taken the request up."""
+    attempt + 1). A "start" event (seq -1) says a worker has taken the request up. A delta
+    carries the speculation behind it (drafted tokens accepted and rejected since its attempt's
+    previous delta), so that a reclaiming worker's usage can count the earlier attempts'."""
 
     kind: Literal["start", "delta", "done", "error"]
     seq: int
     attempt: int
     text: str = ""
     token_ids: tuple[int, ...] = ()
+    accepted: int = 0
+    rejected: int = 0
     finish_reason: str | None = None
     usage: Usage | None = None
     error: ErrorInfo | None = None

@@ -6,6 +6,10 @@ A reclaimed request continues where its previous attempt stopped:
   exactly what an uninterrupted run would do (greedy) or distributed identically (sampling);
 - seeded sampling: it replays from the start, checks that the replay reproduces the tokens
   already sent, and continues; if it does not, it ends with an error event.
+
+The usage it reports counts the speculation behind every token: a continuing attempt adds what
+the earlier attempts' delta events carried to its own; a replay's own figures already cover the
+whole answer.
 """
 
 import time
@@ -82,6 +86,7 @@ class RequestRun:
         self.metrics.prompt_tokens.labels(env.model).inc(len(prompt))
         generated = list(owned.emitted_ids)
         last: EngineDelta | None = None
+        carried = (0, 0)  # this attempt's speculation already written in its delta events
         deltas = self.engine.generate(EngineRequest(env.id, prompt, params))
         async with aclosing(deltas):  # leaving early aborts the engine request
             async for delta in deltas:
@@ -98,6 +103,8 @@ class RequestRun:
                 generated += fresh
                 text = detok.push(fresh)
                 if text or fresh:
+                    spec = delta.stats
+                    total = (spec.accepted_tokens, spec.rejected_tokens) if spec else carried
                     self._emit(
                         Event(
                             kind="delta",
@@ -105,8 +112,11 @@ class RequestRun:
                             attempt=owned.attempt,
                             text=text,
                             token_ids=tuple(fresh),
+                            accepted=total[0] - carried[0],
+                            rejected=total[1] - carried[1],
                         )
                     )
+                    carried = total
                 if detok.stopped:
                     return self._done(owned, "stop", delta, "", len(generated))
         if last is None or last.finish_reason in (None, "abort"):
@@ -128,11 +138,13 @@ class RequestRun:
         if text:
             self._emit(Event(kind="delta", seq=self._seq(), attempt=owned.attempt, text=text))
         stats = last.stats if last is not None else None
+        replayed = self.envelope.params.seed is not None
+        earlier = (0, 0) if replayed else (owned.accepted, owned.rejected)
         usage = Usage(
             prompt_tokens=len(self.envelope.prompt_ids),
             completion_tokens=completion or len(owned.emitted_ids),
-            accepted_prediction_tokens=stats.accepted_tokens if stats else 0,
-            rejected_prediction_tokens=stats.rejected_tokens if stats else 0,
+            accepted_prediction_tokens=earlier[0] + (stats.accepted_tokens if stats else 0),
+            rejected_prediction_tokens=earlier[1] + (stats.rejected_tokens if stats else 0),
         )
         event = Event(
             kind="done", seq=self._seq(), attempt=owned.attempt, finish_reason=reason, usage=usage
