@@ -1,6 +1,7 @@
 """`dcoco train` and `dcoco eval` from the command line: bad input is one line, never a traceback;
-a small evaluation of the shipped default writes every output."""
+a small evaluation of the tiny pair writes every output; without --models it runs the default."""
 
+import argparse
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 from cli_checks import one_line
 from dcoco.cli import main
 from dcoco.eval.runner import VARIANT_NAMES
+from dcoco.paths import SMOLLM2_MODELS, TINY_MODELS
 
 
 @pytest.mark.parametrize(
@@ -70,7 +72,8 @@ def test_a_small_evaluation_writes_results_tables_and_plots(
 ) -> None:
     extra = tmp_path / "mine.jsonl"
     extra.write_text(json.dumps({"prompt": "Write a Python function `add(a, b)`."}) + "\n")
-    args = ["eval", "--suites", "code", "--prompts", str(extra), "--limit", "2"]
+    args = ["eval", "--models", str(TINY_MODELS), "--suites", "code", "--prompts", str(extra)]
+    args += ["--limit", "2"]
     args += ["--max-tokens", "12", "--settings", "greedy-b1", "t1-b16", "--out", str(tmp_path)]
     args += ["--precision", "fp32", "--variants", *VARIANT_NAMES]
     assert main(args) == 0
@@ -114,6 +117,14 @@ def test_the_command_line_offers_exactly_what_the_pipeline_and_runner_know() -> 
     assert eval_command.VARIANTS == VARIANT_NAMES
     assert eval_command.SETTINGS == SETTING_NAMES
     assert eval_command.SUITES == SUITES
+
+
+def test_without_models_it_evaluates_the_default_pair() -> None:
+    from dcoco.commands import eval as eval_command
+
+    parser = argparse.ArgumentParser()
+    eval_command.configure(parser)
+    assert parser.parse_args([]).models == SMOLLM2_MODELS
 
 
 def test_the_packaged_suites_load_offline_and_say_how_to_install_them(
