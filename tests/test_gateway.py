@@ -5,16 +5,17 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from dcoco.gateway.app import create_app
+from dcoco.queue import keys
 from dcoco.queue.connection import connect
 from dcoco.queue.consumer import WorkerQueue
-from dcoco.queue.protocol import ModelCard
+from dcoco.queue.protocol import Envelope, ModelCard
 from dcoco.settings import GatewaySettings
 from dcoco.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
 from stack import RedisServer
@@ -33,6 +34,10 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def published(redis_server: RedisServer, tokenizer_dir: Path) -> None:
     """Model "m" is known (card and tokenizer in Redis), and no worker consumes its queue."""
     redis_server.client().flushall()
+    publish(redis_server, tokenizer_dir)
+
+
+def publish(redis_server: RedisServer, tokenizer_dir: Path) -> None:
     tokenizer = Tokenizer.from_dir(tokenizer_dir)
     card = ModelCard(
         name="m",
@@ -50,7 +55,6 @@ def published(redis_server: RedisServer, tokenizer_dir: Path) -> None:
         await client.aclose()
 
     asyncio.run(register())
-    return
 
 
 def gateway(redis_server: RedisServer, **overrides: object) -> httpx.AsyncClient:
@@ -166,6 +170,35 @@ async def test_redis_outage_is_a_fast_503(tmp_path: Path) -> None:
         assert time.monotonic() - started < 1.5
         assert (await client.get("/readyz")).status_code == 503
         assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_a_request_abandoned_while_redis_is_down_is_cancelled_once_it_is_back(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """Redis comes back with its data (AOF): the request's entry is there for a worker to take,
+    and the gateway, which answered 503, must still get the cancel flag to it."""
+    server = RedisServer(tmp_path, appendonly=True)
+    try:
+        await asyncio.to_thread(publish, server, tokenizer_dir)
+        async with gateway(server, queue_timeout_s=30) as client:
+            waiting = asyncio.create_task(client.post("/v1/chat/completions", json=CHAT))
+            await until(lambda: server.client().xlen("dcoco:m:requests") == 1)
+            server.stop()
+            reply = await waiting
+            assert reply.status_code == 503
+            assert reply.json()["error"]["code"] == "queue_unavailable"
+            server.start()
+            [(_, fields)] = server.client().xrange("dcoco:m:requests")
+            request_id = Envelope.model_validate_json(fields["r"]).id
+            await until(lambda: server.client().exists(keys.cancel(request_id)) == 1)
+    finally:
+        server.stop()
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 15) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.05)
 
 
 async def test_readiness_needs_a_live_worker(plain: httpx.AsyncClient) -> None:

@@ -23,13 +23,15 @@ from dcoco.gateway.errors import APIError, RateLimited, Timeout, Unavailable, fr
 from dcoco.gateway.formats import DONE, PING, Choice, Format, sse
 from dcoco.gateway.metrics import GatewayMetrics
 from dcoco.queue.client import GatewayQueue, QueueTimeout
-from dcoco.queue.connection import UNAVAILABLE
+from dcoco.queue.connection import BACKOFF, UNAVAILABLE
+from dcoco.queue.keys import CANCEL_TTL_S
 from dcoco.queue.protocol import Envelope, Event, GenerationParams
 from dcoco.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
 START_GRACE_S = 2.0  # a worker that picks a request up at its deadline still gets to say so
 GUARD_S = 5.0  # how much longer than its readers the merged wait waits before giving up
+CLOSE_GRACE_S = 2.0  # how long a closing gateway waits for cancellations still being sent
 
 Item = tuple[int, Event | APIError]
 
@@ -233,14 +235,34 @@ class Jobs:
         task.add_done_callback(self.background.discard)
 
     async def close(self) -> None:
-        """Waits for the cancellations still being sent."""
-        await asyncio.gather(*self.background, return_exceptions=True)
+        """Waits a little for the cancellations still being sent, then drops them."""
+        if not self.background:
+            return
+        _, pending = await asyncio.wait(self.background, timeout=CLOSE_GRACE_S)
+        for task in pending:
+            task.cancel()
+        if pending:
+            log.warning("closing with %d cancellations not sent: Redis unavailable", len(pending))
+        await asyncio.gather(*pending, return_exceptions=True)
 
     async def _cancel(self, ids: list[str]) -> None:
-        try:
-            await self.queue.cancel(ids)
-        except UNAVAILABLE:
-            log.warning("could not cancel %d requests: Redis unavailable", len(ids))
+        """Sets the cancel flags, retrying while Redis is unreachable (for as long as a flag
+        would live): a request abandoned during an outage stays in its stream when Redis comes
+        back with its data, and without its flag a worker would run it again for nobody."""
+        deadline = time.monotonic() + CANCEL_TTL_S
+        failures = 0
+        while True:
+            try:
+                await self.queue.cancel(ids)
+                return
+            except UNAVAILABLE:
+                failures += 1
+                if failures == 1:
+                    log.warning("Redis unavailable; retrying %d cancellations", len(ids))
+                if time.monotonic() > deadline:
+                    log.warning("gave up cancelling %d requests: Redis unavailable", len(ids))
+                    return
+                await asyncio.sleep(BACKOFF.compute(failures))
 
 
 def _timeout(started: bool, settings: GatewaySettings) -> Timeout:
