@@ -51,7 +51,7 @@ def chat(content: str, **params: object) -> dict[str, object]:
 def test_a_killed_worker_s_requests_finish_on_another_exactly_once(make_stack: type[Stack]) -> None:
     # Vanilla decoding and long answers, so the kill always lands mid-generation.
     stack = make_stack(DCOCO_MODE="vanilla", DCOCO_MAX_MODEL_LEN="4096").start(workers=2)  # type: ignore[call-arg]
-    check_kill_and_reclaim(stack, client_for(stack), max_tokens=1500, within_s=20)
+    check_kill_and_reclaim(stack, client_for(stack), max_tokens=800, within_s=20)
 
 
 def check_kill_and_reclaim(
