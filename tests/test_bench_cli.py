@@ -111,12 +111,35 @@ def test_a_run_compares_servers_on_the_same_prompts(
     assert c1["dcoco"]["crosscheck"]["agree"] is True
     assert c1["dcoco"]["accepted_length"] == pytest.approx(1 + 4 * 4 / 8)
     assert c1["vanilla"]["accepted_length"] is None
+    assert c1["dcoco"]["ratio_range"] is None  # one pass
     text = (out / "bench.md").read_text()
     assert "Speedup over `vanilla`" in text
     assert "| dcoco | greedy |" in text
     assert "Extended thinking was not varied" in text
     for plot in ("speedup-by-suite", "accepted-length-by-suite", "throughput"):
         assert (out / f"bench-{plot}.png").stat().st_size > 1000
+
+
+def test_repeated_passes_give_each_ratio_its_spread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fast = Script(chunks=[(0.01, 3), (0.01, 3)], accepted=4, rejected=4, block=4)
+    slow = Script(chunks=[(0.02, 1)] * 6, family="dcoco")
+    out = tmp_path / "report"
+    with ScriptedServer(fast) as spec, ScriptedServer(slow) as vanilla:
+        args = ["--url", spec.url, "--name", "dcoco", "--baseline", f"vanilla={vanilla.url}"]
+        args += ["--suites", "code", "--limit", "2", "--concurrency", "1", "--modes", "greedy"]
+        args += ["--max-tokens", "8", "--warmup", "1", "--repeats", "3", "--out", str(out)]
+        status, err = run_cli(args, capsys)
+        assert status == 0, err
+    report = json.loads((out / "bench.json").read_text())
+    assert report["repeats"] == 3
+    row = {r["server"]: r for r in report["by_level"]}
+    assert row["dcoco"]["requests"] == 3 * 2  # each pass sends the level's requests again
+    low, high = row["dcoco"]["ratio_range"]
+    assert 1.5 < low <= row["dcoco"]["ratio"] <= high
+    assert row["vanilla"]["ratio_range"] == [1.0, 1.0]
+    assert "Over 3 passes" in (out / "bench.md").read_text()
 
 
 def test_the_command_line_offers_what_the_modules_know() -> None:

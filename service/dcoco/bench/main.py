@@ -108,6 +108,7 @@ def measure(
         timeout_s=args.request_timeout,
         turn_budget_s=args.turn_budget,
         seed=args.seed,
+        repeats=args.repeats,
     )
     started = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     results = asyncio.run(run_bench(servers, plan, progress=not args.no_progress))

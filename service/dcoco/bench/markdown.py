@@ -22,6 +22,14 @@ def _ms(stats: dict[str, float] | None, q: str) -> str:
     return "—" if not stats else f"{stats[q] * 1000:.1f}"
 
 
+def _speedup(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "—×"
+    spread = row["ratio_range"]
+    extra = "" if spread is None else f" [{spread[0]:.2f}, {spread[1]:.2f}]"
+    return _num(row["ratio"]) + "×" + extra
+
+
 def _ratio(value: float | None) -> str:
     return "" if value is None else f" ({value:.2f}×)"
 
@@ -43,16 +51,22 @@ def _headline(report: dict[str, Any], servers: list[str]) -> list[str]:
     reference = report["reference"]
     if reference is None:
         return ["One server, no ratios."]
-    cell = {(r["server"], r["mode"], r["level"]): r["ratio"] for r in report["by_level"]}
+    cell = {(r["server"], r["mode"], r["level"]): r for r in report["by_level"]}
     rows = [
-        [server, mode, *(_num(cell.get((server, mode, lv))) + "×" for lv in report["levels"])]
+        [server, mode, *(_speedup(cell.get((server, mode, lv))) for lv in report["levels"])]
         for mode in report["modes"]
         for server in servers
         if server != reference
     ]
     word = "Speedup" if reference == "vanilla" else "Ratio"
+    spread = (
+        f" Over {report['repeats']} passes: the pooled ratio, with the lowest and highest pass "
+        "in brackets."
+        if report["repeats"] > 1
+        else ""
+    )
     return [
-        f"{word} over `{reference}`: output throughput, same prompts, same run.",
+        f"{word} over `{reference}`: output throughput, same prompts, same run.{spread}",
         "",
         *_table(["server", "mode", *report["levels"]], rows, text=2),
     ]

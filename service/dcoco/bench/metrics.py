@@ -39,6 +39,7 @@ class Record:
     level: str  # "c4" (four concurrent streams) or "r2.5" (2.5 requests/s)
     suite: str
     outcome: Outcome
+    repeat: int = 0  # which pass over the plan (--repeats)
 
 
 @dataclass(frozen=True)

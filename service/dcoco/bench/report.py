@@ -4,7 +4,9 @@ the PNG plots, into one folder.
 Ratios compare each server with a reference: the server named `vanilla` when there is one
 (the headline: speedup over plain decoding), else the first baseline. Per level the ratio is
 of output throughput; per suite it is of per-stream tokens/s (at concurrency 1 the two are
-the same), the speedup by suite the speculative-decoding literature reports.
+the same), the speedup by suite the speculative-decoding literature reports. With several
+passes (--repeats), each level's ratio also comes as the lowest and highest of its per-pass
+values: the spread a single run cannot show.
 """
 
 import json
@@ -96,6 +98,7 @@ def build(
             )
         )
     _add_ratios(levels, ["mode", "level"], "output_throughput", reference)
+    _add_ratio_ranges(levels, results, slo, reference)
     _add_ratios(suites, ["mode", "level", "suite"], "per_stream_tokens_per_s", reference)
     notes = list(results.notes)
     notes += [
@@ -125,6 +128,7 @@ def build(
         ],
         "failed": results.failed,
         "reference": reference,
+        "repeats": plan.repeats,
         "modes": [m.name for m in plan.modes],
         "levels": [load.name for load in plan.loads],
         "slo": {"ttft_s": slo.ttft, "tpot_s": slo.tpot, "e2el_s": slo.e2el},
@@ -142,6 +146,33 @@ def _add_ratios(
     base = {tuple(row[k] for k in keys): row[field] for row in rows if row["server"] == reference}
     for row in rows:
         row["ratio"] = ratio(row[field], base.get(tuple(row[k] for k in keys)))
+
+
+def _add_ratio_ranges(
+    levels: list[dict[str, Any]], results: Results, slo: Slo, reference: str | None
+) -> None:
+    """Each level row gets `ratio_range`: [lowest, highest] of its ratio taken pass by pass,
+    or None where there is a single pass or no reference."""
+    by_pass: dict[tuple[str, str, str, int], list[Record]] = defaultdict(list)
+    for r in results.records:
+        by_pass[(r.server, r.mode, r.level, r.repeat)].append(r)
+    passes = sorted({r.repeat for r in results.records})
+
+    def throughput(key: tuple[str, str, str], repeat: int) -> float | None:
+        records = by_pass.get((*key, repeat))
+        duration = results.pass_durations.get((key, repeat), 0.0)
+        return summarize(records, duration, slo)["output_throughput"] if records else None
+
+    for row in levels:
+        row["ratio_range"] = None
+        if reference is None or len(passes) < 2:
+            continue
+        mine = (row["server"], row["mode"], row["level"])
+        base = (reference, row["mode"], row["level"])
+        found = [ratio(throughput(mine, k), throughput(base, k)) for k in passes]
+        values = [v for v in found if v is not None]
+        if len(values) > 1:
+            row["ratio_range"] = [min(values), max(values)]
 
 
 def write(report: dict[str, Any], out: Path) -> list[Path]:

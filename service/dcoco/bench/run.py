@@ -9,10 +9,13 @@ around each turn.
   that C streams are really in flight; servers take turns of TURN_WAVES * C requests, the
   order of the servers rotating from turn to turn, so slow drifts of the machine (other load,
   thermal) fall on all of them alike. A rate level sends the sample once, in one turn each.
+- Repeats: the whole sweep runs `repeats` times over, so that each ratio can be read in every
+  pass as well as pooled; each pass's durations are kept apart.
 - A server whose warm-up fails entirely is left out and reported as failed.
 """
 
 import contextlib
+import itertools
 import random
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,6 +47,7 @@ class Plan:
     timeout_s: float  # per request
     turn_budget_s: float  # no request of a turn starts after this
     seed: int
+    repeats: int = 1  # passes over the whole sweep
 
 
 @dataclass
@@ -52,6 +56,7 @@ class Results:
     failed: dict[str, str] = field(default_factory=dict)  # server: why it was left out
     records: list[Record] = field(default_factory=list)
     durations: dict[Key, float] = field(default_factory=dict)
+    pass_durations: dict[tuple[Key, int], float] = field(default_factory=dict)  # per repeat
     counters: dict[Key, Counters] = field(default_factory=dict)
     unsent: dict[Key, int] = field(default_factory=dict)
     continuous_usage: dict[str, bool] = field(default_factory=dict)
@@ -121,7 +126,7 @@ async def run_bench(servers: list[Server], plan: Plan, progress: bool = True) ->
                 results.servers.append(server)
         total = sum(
             level_size(load, len(plan.items))[0] for load in plan.loads for _ in plan.modes
-        ) * len(results.servers)
+        ) * (len(results.servers) * plan.repeats)
         bar: tqdm[NoReturn] = tqdm(total=total, unit="req", disable=None if progress else True)
         with contextlib.closing(bar):
             await _measure(http, plan, results, bar)
@@ -133,38 +138,39 @@ async def _measure(
 ) -> None:
     broken: set[str] = set()
     rotation = 0
-    for mode in plan.modes:
-        for load in plan.loads:
-            count, size = level_size(load, len(plan.items))
-            level_calls = calls(plan.items, count, mode, plan.max_tokens, plan.seed)
-            for number, chunk in enumerate(turns(count, size)):
-                order = results.servers[rotation:] + results.servers[:rotation]
-                rotation = (rotation + 1) % max(1, len(results.servers))
-                for server in order:
-                    bar.set_description(f"{mode.name} {load.name} {server.name}")
-                    key = (server.name, mode.name, load.name)
-                    before = await read_counters(http, server, results, broken)
-                    turn_calls = [level_calls[i] for i in chunk]
-                    rng = random.Random(f"{plan.seed}:{mode.name}:{load.name}:{number}")
-                    turn = await run_turn(
-                        _sender(http, server, turn_calls, plan, results, bar),
-                        len(turn_calls),
-                        load,
-                        plan.turn_budget_s,
-                        rng,
+    for repeat, mode, load in itertools.product(range(plan.repeats), plan.modes, plan.loads):
+        count, size = level_size(load, len(plan.items))
+        level_calls = calls(plan.items, count, mode, plan.max_tokens, plan.seed)
+        for number, chunk in enumerate(turns(count, size)):
+            order = results.servers[rotation:] + results.servers[:rotation]
+            rotation = (rotation + 1) % max(1, len(results.servers))
+            for server in order:
+                bar.set_description(f"{mode.name} {load.name} {server.name}")
+                key = (server.name, mode.name, load.name)
+                before = await read_counters(http, server, results, broken)
+                turn_calls = [level_calls[i] for i in chunk]
+                rng = random.Random(f"{plan.seed}:{mode.name}:{load.name}:{number}:{repeat}")
+                turn = await run_turn(
+                    _sender(http, server, turn_calls, plan, results, bar),
+                    len(turn_calls),
+                    load,
+                    plan.turn_budget_s,
+                    rng,
+                )
+                after = await read_counters(http, server, results, broken)
+                results.durations[key] = results.durations.get(key, 0.0) + turn.duration_s
+                passed = results.pass_durations.get((key, repeat), 0.0)
+                results.pass_durations[(key, repeat)] = passed + turn.duration_s
+                results.unsent[key] = results.unsent.get(key, 0) + turn.unsent
+                if before is not None and after is not None:
+                    delta = after - before
+                    results.counters[key] = (
+                        results.counters[key] + delta if key in results.counters else delta
                     )
-                    after = await read_counters(http, server, results, broken)
-                    results.durations[key] = results.durations.get(key, 0.0) + turn.duration_s
-                    results.unsent[key] = results.unsent.get(key, 0) + turn.unsent
-                    if before is not None and after is not None:
-                        delta = after - before
-                        results.counters[key] = (
-                            results.counters[key] + delta if key in results.counters else delta
-                        )
-                    results.records += [
-                        Record(server.name, mode.name, load.name, turn_calls[i].suite, outcome)
-                        for i, outcome in turn.results
-                    ]
+                results.records += [
+                    Record(server.name, mode.name, load.name, turn_calls[i].suite, outcome, repeat)
+                    for i, outcome in turn.results
+                ]
     # An endpoint that failed part-way left some turns uncounted: its deltas would mislead.
     results.counters = {k: v for k, v in results.counters.items() if k[0] not in broken}
 

@@ -100,6 +100,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-tokens", type=positive_int, default=128)
     parser.add_argument("--warmup", type=positive_int, default=2, help="requests per server")
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=1,
+        help="passes over the whole sweep; ratios then show their lowest and highest pass",
+    )
     parser.add_argument("--request-timeout", type=positive_float, default=300.0, help="seconds")
     parser.add_argument(
         "--turn-budget", type=positive_float, default=900.0, help="seconds; no later request starts"
