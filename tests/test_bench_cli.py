@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,21 +81,27 @@ def test_a_model_the_server_lacks_and_a_bad_baseline_are_one_line(
         assert err.startswith("dcoco bench: error: --slo")
 
 
+def bench_pair(out: Path, capsys: pytest.CaptureFixture[str], args: list[str]) -> dict[str, Any]:
+    """Benchmarks a scripted speculative server, `dcoco`, against a slower `vanilla` one (6
+    tokens in 2 chunks against 6 in 6, each slower); returns the request bodies each got."""
+    fast = Script(chunks=[(0.01, 3), (0.01, 3)], accepted=4, rejected=4, block=4)
+    slow = Script(chunks=[(0.02, 1)] * 6, family="dcoco")
+    with ScriptedServer(fast) as spec, ScriptedServer(slow) as vanilla:
+        servers = ["--url", spec.url, "--name", "dcoco", "--baseline", f"vanilla={vanilla.url}"]
+        fixed = ["--max-tokens", "8", "--warmup", "1", "--out", str(out)]
+        status, err = run_cli([*servers, *fixed, *args], capsys)
+        assert status == 0, err
+        return {"dcoco": spec.bodies, "vanilla": vanilla.bodies}
+
+
 def test_a_run_compares_servers_on_the_same_prompts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # The speculative server answers 6 tokens in 2 chunks; the vanilla one in 6, each slower.
-    fast = Script(chunks=[(0.01, 3), (0.01, 3)], accepted=4, rejected=4, block=4)
-    slow = Script(chunks=[(0.02, 1)] * 6, family="dcoco")
     out = tmp_path / "report"
-    with ScriptedServer(fast) as spec, ScriptedServer(slow) as vanilla:
-        args = ["--url", spec.url, "--name", "dcoco", "--baseline", f"vanilla={vanilla.url}"]
-        args += ["--suites", "code", "math", "--limit", "2", "--concurrency", "1,2"]
-        args += ["--modes", "greedy,t1", "--max-tokens", "8", "--warmup", "1", "--out", str(out)]
-        status, err = run_cli([*args, "--slo", "ttft=1,tpot=1"], capsys)
-        assert status == 0, err
-        seeds = {name: [b.get("seed") for b in s.bodies[1:]] for name, s in
-                 (("dcoco", spec), ("vanilla", vanilla))}  # fmt: skip
+    args = ["--suites", "code", "math", "--limit", "2", "--concurrency", "1,2"]
+    args += ["--modes", "greedy,t1", "--slo", "ttft=1,tpot=1"]
+    bodies = bench_pair(out, capsys, args)
+    seeds = {name: [b.get("seed") for b in got[1:]] for name, got in bodies.items()}
     # Same calls, same order, same seeds for sampled modes.
     assert seeds["dcoco"] == seeds["vanilla"]
     assert any(seeds["dcoco"])
@@ -123,15 +130,9 @@ def test_a_run_compares_servers_on_the_same_prompts(
 def test_repeated_passes_give_each_ratio_its_spread(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    fast = Script(chunks=[(0.01, 3), (0.01, 3)], accepted=4, rejected=4, block=4)
-    slow = Script(chunks=[(0.02, 1)] * 6, family="dcoco")
     out = tmp_path / "report"
-    with ScriptedServer(fast) as spec, ScriptedServer(slow) as vanilla:
-        args = ["--url", spec.url, "--name", "dcoco", "--baseline", f"vanilla={vanilla.url}"]
-        args += ["--suites", "code", "--limit", "2", "--concurrency", "1", "--modes", "greedy"]
-        args += ["--max-tokens", "8", "--warmup", "1", "--repeats", "3", "--out", str(out)]
-        status, err = run_cli(args, capsys)
-        assert status == 0, err
+    args = ["--suites", "code", "--limit", "2", "--concurrency", "1", "--modes", "greedy"]
+    bench_pair(out, capsys, [*args, "--repeats", "3"])
     report = json.loads((out / "bench.json").read_text())
     assert report["repeats"] == 3
     row = {r["server"]: r for r in report["by_level"]}
