@@ -133,6 +133,8 @@ def bad_jsonl(models: dict[str, Path], content: str) -> str:
     [
         (["generate", "--target", "t"], "--prompt"),
         (["generate", "--target", "t", "--prompt", "x", "--max-tokens", "0"], "at least 1"),
+        (["bench", "--url", "http://127.0.0.1:1", "--repeats", "0"], "must be at least 1"),
+        (["bench", "--url", "http://127.0.0.1:1", "--repeats", "x"], "--repeats"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(
