@@ -58,7 +58,8 @@ def build(
     blocks: dict[tuple[str, str, str], float | None] = {}
     for key, records in grouped.items():
         row: dict[str, Any] = {"server": key[0], "mode": key[1], "level": key[2]}
-        row |= summarize(records, results.durations.get(key, 0.0), slo)
+        duration = sum(results.durations.get((key, k), 0.0) for k in range(plan.repeats))
+        row |= summarize(records, duration, slo)
         row["unsent"] = results.unsent.get(key, 0)
         check = crosscheck(
             row["accepted_tokens"],
@@ -160,7 +161,7 @@ def _add_ratio_ranges(
 
     def throughput(key: tuple[str, str, str], repeat: int) -> float | None:
         records = by_pass.get((*key, repeat))
-        duration = results.pass_durations.get((key, repeat), 0.0)
+        duration = results.durations.get((key, repeat), 0.0)
         return summarize(records, duration, slo)["output_throughput"] if records else None
 
     for row in levels:

@@ -10,7 +10,7 @@ around each turn.
   order of the servers rotating from turn to turn, so slow drifts of the machine (other load,
   thermal) fall on all of them alike. A rate level sends the sample once, in one turn each.
 - Repeats: the whole sweep runs `repeats` times over, so that each ratio can be read in every
-  pass as well as pooled; each pass's durations are kept apart.
+  pass as well as pooled; durations are kept per pass.
 - A server whose warm-up fails entirely is left out and reported as failed.
 """
 
@@ -55,8 +55,7 @@ class Results:
     servers: list[Server]  # the ones measured
     failed: dict[str, str] = field(default_factory=dict)  # server: why it was left out
     records: list[Record] = field(default_factory=list)
-    durations: dict[Key, float] = field(default_factory=dict)
-    pass_durations: dict[tuple[Key, int], float] = field(default_factory=dict)  # per repeat
+    durations: dict[tuple[Key, int], float] = field(default_factory=dict)  # per (key, repeat)
     counters: dict[Key, Counters] = field(default_factory=dict)
     unsent: dict[Key, int] = field(default_factory=dict)
     continuous_usage: dict[str, bool] = field(default_factory=dict)
@@ -158,9 +157,8 @@ async def _measure(
                     rng,
                 )
                 after = await read_counters(http, server, results, broken)
-                results.durations[key] = results.durations.get(key, 0.0) + turn.duration_s
-                passed = results.pass_durations.get((key, repeat), 0.0)
-                results.pass_durations[(key, repeat)] = passed + turn.duration_s
+                passed = results.durations.get((key, repeat), 0.0)
+                results.durations[(key, repeat)] = passed + turn.duration_s
                 results.unsent[key] = results.unsent.get(key, 0) + turn.unsent
                 if before is not None and after is not None:
                     delta = after - before
