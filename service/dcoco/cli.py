@@ -17,6 +17,7 @@ from dcoco.shared.errors import UsageError
 COMMANDS = (
     "generate",
     "train",
+    "train-run",
     "eval",
     "bench",
     "serve",

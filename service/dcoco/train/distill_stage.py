@@ -8,6 +8,7 @@ it computes on the way, which spares the drafter stages a pass of a large target
 
 import random
 import time
+from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
@@ -80,18 +81,36 @@ def generate_continuations(
                     finished.append(request)
                     bar.update(1)
     kept = sorted(i for i in finished if len(outputs[i]) >= 2)
-    for i in set(features) - set(kept):
-        del features[i]
+    answers = [
+        Answer(prompts[i], outputs[i], torch.cat(features[i]) if feature_layers else None)
+        for i in kept
+    ]
     width = cfg.max_prompt_tokens + cfg.max_new_tokens
-    pad = tokenizer.token_id(END_OF_TEXT)
-    tokens = torch.full((len(kept), width), pad, dtype=torch.int64)  # [S, T]
-    for row, i in enumerate(kept):
-        sequence = prompts[i] + outputs[i]
+    return pack(answers, width, tokenizer.token_id(END_OF_TEXT), feature_layers)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One finished continuation: its prompt, the target's tokens, and the features at every
+    position but the last ([len(prompt) + len(output) - 1, F]), when kept."""
+
+    prompt: list[int]
+    output: list[int]
+    features: torch.Tensor | None
+
+
+def pack(
+    answers: list[Answer], width: int, pad: int, feature_layers: tuple[int, ...]
+) -> Continuations:
+    """Answers as one padded Continuations table of `width` columns."""
+    tokens = torch.full((len(answers), width), pad, dtype=torch.int64)  # [S, T]
+    for row, answer in enumerate(answers):
+        sequence = answer.prompt + answer.output
         tokens[row, : len(sequence)] = torch.tensor(sequence)  # [len]
-    prompt_lens = torch.tensor([len(prompts[i]) for i in kept])  # [S]
-    lengths = torch.tensor([len(prompts[i]) + len(outputs[i]) for i in kept])  # [S]
+    prompt_lens = torch.tensor([len(a.prompt) for a in answers], dtype=torch.int64)  # [S]
+    lengths = torch.tensor([len(a.prompt) + len(a.output) for a in answers])  # [S]
     if not feature_layers:
         return Continuations(tokens, prompt_lens, lengths)
-    table = torch.cat([torch.cat(features.pop(i)) for i in kept])  # [P, F], P = sum(lengths-1)
+    table = torch.cat([a.features for a in answers if a.features is not None])  # [P, F]
     offsets = torch.cumsum(lengths - 1, 0) - (lengths - 1)  # [S]
     return Continuations(tokens, prompt_lens, lengths, table, offsets, feature_layers)

@@ -113,14 +113,98 @@ def phase_optimizer(
     ccfg: CorrectorTrainConfig,
 ) -> torch.optim.Optimizer:
     """DFlash trains the drafter body and mask vector; joint adds the corrector at its own
-    rate; frozen trains the corrector alone."""
-    body = [p for n, p in drafter.named_parameters() if not n.startswith("corrector.")] + [mask]
+    rate; frozen trains the corrector alone. A drafter's own reduced LM head holds the
+    target's rows and stays frozen, as the target's head does."""
+    body = [
+        p for n, p in drafter.named_parameters() if not n.startswith(("corrector.", "lm_head."))
+    ] + [mask]
     groups: list[dict[str, object]] = []
     if phase is not Phase.FROZEN:
         groups.append({"params": body, "lr": dcfg.lr if phase is Phase.DFLASH else ccfg.drafter_lr})
     if drafter.corrector is not None:
         groups.append({"params": list(drafter.corrector.parameters()), "lr": ccfg.corrector_lr})
     return torch.optim.AdamW(groups, weight_decay=0.0)
+
+
+@dataclass
+class PhaseStep:
+    """One training step's forward and backward for a phase, on batches drawn from `data`.
+
+    `mask` is the trainable mask-slot vector; the drafter reads it afresh every step.
+    """
+
+    phase: Phase
+    drafter: DFlashDrafter
+    mask: nn.Parameter
+    target: CausalLM
+    vocab: TrainVocab
+    settings: PhaseSettings
+    dcfg: DrafterTrainConfig
+    ccfg: CorrectorTrainConfig
+    generator: torch.Generator
+
+    def __call__(self, data: Continuations) -> dict[str, torch.Tensor]:
+        drafter, settings, corrector = self.drafter, self.settings, self.drafter.corrector
+        block, embed = drafter.config.block_size, self.target.model.embed_tokens
+        layers = drafter.config.target_layer_ids
+        if data.features is not None and data.feature_layers != layers:
+            raise ValueError(
+                f"the data keeps layers {data.feature_layers}, the drafter reads {layers}"
+            )
+        rows = torch.randint(0, len(data), (settings.batch_size,), generator=self.generator)  # [N]
+        tokens, starts, labels = data.batch(rows, settings.anchors, block, self.generator)
+        if data.features is None:
+            feats = target_features(self.target, tokens, layers)  # [N, T, F]
+        else:
+            feats = data.batch_features(rows, tokens.shape[1]).float()  # [N, T, F]
+        drafter.mask_embedding = self.mask.view(-1)  # [H], re-read after every optimizer step
+        with (
+            torch.set_grad_enabled(self.phase is not Phase.FROZEN),
+            torch.autocast("cpu", dtype=torch.bfloat16),
+        ):
+            hidden = teacher_forced_blocks(drafter, embed, feats, tokens, starts)  # [N, A, B, H]
+            logits = self.vocab.logits(hidden, self.target.lm_head.weight)  # [N, A, B, Vs]
+        block_loss = block_cross_entropy(logits, self.vocab.labels(labels), self.dcfg.depth_decay)
+        losses = {"block": block_loss}
+        if corrector is not None:
+            ids, scores = corrector_scores(
+                corrector,
+                hidden.float().flatten(0, 1),
+                logits.float().flatten(0, 1),
+                embed.weight,
+                self.vocab.ids,
+            )  # [R, B, K], [R, B-1, K, K] with R = N*A
+            targets = pair_targets(ids, labels.flatten(0, 1))  # labels [R, B]
+            losses["correct"] = correction_loss(scores, targets, self.ccfg.correction_decay)
+        if self.phase is Phase.DFLASH:
+            total = losses["block"]
+        elif self.phase is Phase.JOINT:
+            total = losses["block"] + self.ccfg.correction_weight * losses["correct"]
+        else:
+            total = losses["correct"]
+        total.backward()
+        return {"loss": total.detach()} | {k: v.detach() for k, v in losses.items()}
+
+
+def phase_step(
+    phase: Phase,
+    drafter: DFlashDrafter,
+    target: CausalLM,
+    vocab: TrainVocab,
+    dcfg: DrafterTrainConfig,
+    ccfg: CorrectorTrainConfig,
+    seed: int,
+) -> tuple[PhaseStep, torch.optim.Optimizer]:
+    """The step and optimizer of one phase, the drafter put in training mode."""
+    target.requires_grad_(False)
+    assert drafter.mask_embedding is not None
+    mask = nn.Parameter(drafter.mask_embedding.clone())
+    settings = phase_settings(phase, dcfg, ccfg)
+    optimizer = phase_optimizer(phase, drafter, mask, dcfg, ccfg)
+    generator = torch.Generator().manual_seed(seed)
+    drafter.train()
+    step = PhaseStep(phase, drafter, mask, target, vocab, settings, dcfg, ccfg, generator)
+    return step, optimizer
 
 
 def train_drafter(
@@ -135,58 +219,9 @@ def train_drafter(
 ) -> tuple[DFlashDrafter, LoopResult]:
     """Trains `drafter` in place for one phase; returns it in eval mode with the loop's record.
     `vocab` is the drafting vocabulary, the same for every phase."""
-    target.requires_grad_(False)
-    assert drafter.mask_embedding is not None
-    mask = nn.Parameter(drafter.mask_embedding.clone())
-    settings = phase_settings(phase, dcfg, ccfg)
-    optimizer = phase_optimizer(phase, drafter, mask, dcfg, ccfg)
-    block, embed, corrector = (
-        drafter.config.block_size,
-        target.model.embed_tokens,
-        drafter.corrector,
-    )
-    generator = torch.Generator().manual_seed(seed)
-    drafter.train()
-
-    layers = drafter.config.target_layer_ids
-    if data.features is not None and data.feature_layers != layers:
-        raise ValueError(f"the data keeps layers {data.feature_layers}, the drafter reads {layers}")
-
-    def step() -> dict[str, torch.Tensor]:
-        rows = torch.randint(0, len(data), (settings.batch_size,), generator=generator)  # [N]
-        tokens, starts, labels = data.batch(rows, settings.anchors, block, generator)
-        if data.features is None:
-            feats = target_features(target, tokens, layers)  # [N, T, F]
-        else:
-            feats = data.batch_features(rows, tokens.shape[1]).float()  # [N, T, F]
-        drafter.mask_embedding = mask.view(-1)  # [H], re-read after every optimizer step
-        with (
-            torch.set_grad_enabled(phase is not Phase.FROZEN),
-            torch.autocast("cpu", dtype=torch.bfloat16),
-        ):
-            hidden = teacher_forced_blocks(drafter, embed, feats, tokens, starts)  # [N, A, B, H]
-            logits = vocab.logits(hidden, target.lm_head.weight)  # [N, A, B, Vs]
-        losses = {"block": block_cross_entropy(logits, vocab.labels(labels), dcfg.depth_decay)}
-        if corrector is not None:
-            ids, scores = corrector_scores(
-                corrector,
-                hidden.float().flatten(0, 1),
-                logits.float().flatten(0, 1),
-                embed.weight,
-                vocab.ids,
-            )  # [R, B, K], [R, B-1, K, K] with R = N*A
-            targets = pair_targets(ids, labels.flatten(0, 1))  # labels [R, B]
-            losses["correct"] = correction_loss(scores, targets, ccfg.correction_decay)
-        if phase is Phase.DFLASH:
-            total = losses["block"]
-        elif phase is Phase.JOINT:
-            total = losses["block"] + ccfg.correction_weight * losses["correct"]
-        else:
-            total = losses["correct"]
-        total.backward()
-        return {"loss": total.detach()} | {k: v.detach() for k, v in losses.items()}
-
+    step, optimizer = phase_step(phase, drafter, target, vocab, dcfg, ccfg, seed)
+    settings = step.settings
     budget = Budget(settings.budget_s, settings.max_steps, settings.warmup_steps)
-    result = train_loop(phase.value, budget, optimizer, step)
-    drafter.mask_embedding = mask.detach().clone()
+    result = train_loop(phase.value, budget, optimizer, lambda: step(data))
+    drafter.mask_embedding = step.mask.detach().clone()
     return drafter.eval(), result

@@ -34,6 +34,11 @@ class TrainVocab:
         )  # [S, T]
         counts = torch.bincount(data.tokens[answer], minlength=vocab)  # [V]
         ids = counts.argsort(descending=True)[: min(size, vocab)]  # [Vs]
+        return cls.of_ids(ids, vocab)
+
+    @classmethod
+    def of_ids(cls, ids: torch.Tensor, vocab: int) -> "TrainVocab":
+        """The vocabulary of token ids [Vs], in that order: a shipped drafter's columns."""
         index = torch.full((vocab,), -1, dtype=torch.long)  # [V]
         index[ids] = torch.arange(len(ids))
         return cls(ids, index)

@@ -1,0 +1,40 @@
+"""Run one leg of the long drafter training run for SmolLM2 (resumable, across sessions)."""
+
+import argparse
+from pathlib import Path
+
+from dcoco.commands.args import positive_int
+from dcoco.commands.train import positive_float
+from dcoco.paths import REPO_ROOT
+from dcoco.shared.errors import UsageError
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--hours",
+        type=positive_float,
+        default=3.0,
+        help="this leg's wall-clock budget; its last 20%% refits the correctors (default 3)",
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=REPO_ROOT / "build" / "train-run",
+        help="data shards and the local checkpoint; a stopped leg resumes from it "
+        "(default build/train-run)",
+    )
+    parser.add_argument("--threads", type=positive_int, help="torch threads; default 2")
+
+
+def run(args: argparse.Namespace) -> None:
+    from dataclasses import replace
+
+    from dcoco.checkpoint import CheckpointError
+    from dcoco.train.run import run_leg
+    from dcoco.train.run_config import SMOLLM2_RUN
+
+    cfg = replace(SMOLLM2_RUN, threads=args.threads or SMOLLM2_RUN.threads)
+    try:
+        run_leg(cfg, args.work, args.hours)
+    except (CheckpointError, OSError) as problem:
+        raise UsageError(str(problem)) from None

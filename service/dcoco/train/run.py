@@ -1,0 +1,336 @@
+"""`dcoco train-run`: one leg of the long run that continues the shipped SmolLM2 drafters.
+
+A leg, for its wall-clock budget:
+1. alternates generation and DFlash training: the engine answers the run's next prompts
+   (`run_data.Distiller`); every full shard of answers unlocks `steps_per_shard` DFlash steps,
+   each on a batch from one of the newest `window_shards` DFlash shards; every
+   `corrector_every`-th shard is kept for the correctors instead;
+2. checkpoints every `checkpoint_every_s` (`run_state`), so that a stopped leg resumes;
+3. spends its last `corrector_share` refitting both correctors on the kept shards (joint: the
+   averaged DFlash weights with the previous joint corrector, trained on together; frozen: the
+   previous frozen corrector on the averaged DFlash weights), then exports the three drafters
+   and the run summary beside them, ready to commit.
+"""
+
+import math
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dcoco.checkpoint import load_drafter, load_target, save_drafter
+from dcoco.model.causal_lm import CausalLM
+from dcoco.paths import REPO_ROOT
+from dcoco.spec.drafter import DFlashDrafter
+from dcoco.tokenizer import END_OF_TEXT, Tokenizer
+from dcoco.train.corpus_chat import sharegpt_file
+from dcoco.train.data import Continuations
+from dcoco.train.drafter_stage import Phase, phase_step, train_drafter
+from dcoco.train.loop import EMA, MIN_LR_FRACTION
+from dcoco.train.run_config import RunConfig
+from dcoco.train.run_data import (
+    Distiller,
+    Position,
+    answer_tokens,
+    concat,
+    for_corrector,
+    shard_file,
+    write_shard,
+)
+from dcoco.train.run_prompts import run_prompts
+from dcoco.train.run_state import fingerprint, load_state, read_summary, save_state, write_summary
+from dcoco.train.vocab import TrainVocab
+
+CORRECTOR_SHARDS = 8  # the newest kept shards the correctors train on
+
+
+def schedule(step: int, since_resume: int, cfg: RunConfig) -> float:
+    """The learning-rate factor: warm-up after every (re)start, cosine over the whole run."""
+    warm = min(1.0, (since_resume + 1) / cfg.drafter.warmup_steps)
+    progress = min(1.0, step / cfg.planned_steps)
+    return warm * (
+        MIN_LR_FRACTION + (1.0 - MIN_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * progress))
+    )
+
+
+class DFlashTrainer:
+    """The DFlash phase's optimizer, step and weight average, with what a checkpoint holds."""
+
+    def __init__(self, drafter: DFlashDrafter, target: CausalLM, cfg: RunConfig, step: int) -> None:
+        vocab = drafting_vocab(drafter)
+        self.step_fn, self.optimizer = phase_step(
+            Phase.DFLASH, drafter, target, vocab, cfg.drafter, cfg.corrector, cfg.seed + step
+        )
+        self.drafter, self.cfg, self.step, self.resumed_at = drafter, cfg, step, step
+        self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.average = [p.detach().clone() for p in self.params]
+        self.peak = cfg.drafter.lr
+        self.losses: dict[str, float] = {}
+
+    def train(self, data: Continuations) -> None:
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.peak * schedule(self.step, self.step - self.resumed_at, self.cfg)
+        self.optimizer.zero_grad(set_to_none=True)
+        losses = self.step_fn(data)
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.optimizer.step()
+        torch._foreach_lerp_(self.average, [p.detach() for p in self.params], 1.0 - self.cfg.ema)
+        self.step += 1
+        for key, value in losses.items():  # plain moving averages for the log
+            self.losses[key] = EMA * self.losses.get(key, float(value)) + (1 - EMA) * float(value)
+
+    def averaged(self) -> DFlashDrafter:
+        """A copy of the drafter holding the averaged weights, in eval mode."""
+        copy = DFlashDrafter(self.drafter.config)
+        copy.load_state_dict(self.drafter.state_dict())
+        named = dict(copy.named_parameters())
+        body = [n for n, _ in self.drafter.named_parameters() if _trained(n)]
+        with torch.no_grad():
+            for name, value in zip(body, self.average[:-1], strict=True):
+                named[name].copy_(value)
+        copy.mask_embedding = self.average[-1].detach().clone().view(-1)  # [H]
+        return copy.eval()
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "drafter": self.drafter.state_dict(),
+            "mask": self.step_fn.mask.detach().clone(),
+            "average": [a.clone() for a in self.average],
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.step_fn.generator.get_state(),
+            "step": self.step,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.drafter.load_state_dict(state["drafter"])
+        with torch.no_grad():
+            self.step_fn.mask.copy_(state["mask"])
+            for mine, saved in zip(self.average, state["average"], strict=True):
+                mine.copy_(saved)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step_fn.generator.set_state(state["generator"])
+        self.step = self.resumed_at = int(state["step"])
+
+
+def _trained(name: str) -> bool:
+    """The parameters the DFlash phase trains, in `phase_optimizer`'s order."""
+    return not name.startswith(("corrector.", "lm_head."))
+
+
+def drafting_vocab(drafter: DFlashDrafter) -> TrainVocab:
+    """The tokens the drafter drafts over: its reduced vocabulary, or the target's."""
+    vocab = drafter.config.model.vocab_size
+    ids = drafter.vocab_ids
+    return TrainVocab.full(vocab) if ids is None else TrainVocab.of_ids(ids, vocab)
+
+
+def run_leg(cfg: RunConfig, work: Path, hours: float, shards: int | None = None) -> dict[str, Any]:
+    """One leg of `hours`; returns the leg's record, also appended to `run.json`. With
+    `shards`, the DFlash part also ends once that many more shards are written (tests)."""
+    torch.set_num_threads(cfg.threads)
+    started, wall = datetime.now(UTC), time.perf_counter()
+    deadline = wall + hours * 3600
+    models = REPO_ROOT / cfg.models_path
+    work.mkdir(parents=True, exist_ok=True)
+    local, summary = load_state(work, cfg), read_summary(models, cfg)
+    tokenizer = Tokenizer.from_dir(REPO_ROOT / cfg.target_path)
+    target = load_target(REPO_ROOT / cfg.target_path)  # fp32: training's embedding and head
+    drafter = load_drafter(models / Phase.DFLASH.value)
+    carried = local or summary or {}
+    position = Position(**carried.get("position", {}))
+    trainer = DFlashTrainer(drafter, target, cfg, int(carried.get("step", 0)))
+    if local is not None:
+        trainer.restore(local["trainer"])
+    legs: list[dict[str, Any]] = list(carried.get("legs", []))
+    origin = "the local checkpoint" if local else "run.json" if summary else "the shipped drafters"
+    print(
+        f"[run] leg {len(legs) + 1}: step {trainer.step}, shard {position.shards}, prompt "
+        f"{position.next_prompt}, from {origin}",
+        flush=True,
+    )
+    prompts = run_prompts(
+        sharegpt_file(),
+        models / "heldout",
+        cfg.weights,
+        cfg.math_problems,
+        cfg.max_chars,
+        cfg.test_percent,
+        cfg.seed,
+    )
+    generating = load_target(REPO_ROOT / cfg.target_path)  # the engine's copy, in its precision
+    distiller = Distiller(
+        generating, tokenizer, prompts, position, cfg, drafter.config.target_layer_ids
+    )
+    record: dict[str, Any] = {
+        "leg": len(legs) + 1,
+        "started": started.isoformat(timespec="seconds"),
+        "hours": hours,
+        "from_step": trainer.step,
+        "from_shard": position.shards,
+        "from_tokens": position.answer_tokens,
+    }
+
+    def checkpoint() -> None:
+        position.redo = distiller.outstanding()
+        save_state(
+            work,
+            {
+                "fingerprint": fingerprint(cfg),
+                "position": position.to_dict(),
+                "step": trainer.step,
+                "trainer": trainer.state(),
+                "legs": legs,
+            },
+        )
+
+    dflash_end = wall + hours * 3600 * (1 - cfg.corrector_share)
+    last_save, generating_s, training_s, generated = time.perf_counter(), 0.0, 0.0, 0
+    loaded: dict[int, Continuations] = {}
+    last_shard = position.shards + shards if shards is not None else None
+    while time.perf_counter() < dflash_end and not distiller.exhausted:
+        window = _window(work, position.shards, cfg)
+        trains = window and trainer.step < cfg.steps_per_shard * _dflash_shards(
+            position.shards, cfg
+        )
+        if not trains and position.shards == last_shard:
+            break
+        t0 = time.perf_counter()
+        if trains:
+            index = window[trainer.step % len(window)]
+            if index not in loaded:
+                loaded = {i: d for i, d in loaded.items() if i in window}
+                loaded[index] = Continuations.load(shard_file(work, index))
+            trainer.train(loaded[index])
+            training_s += time.perf_counter() - t0
+        else:
+            distiller.step()
+            shard = distiller.take_shard()
+            generating_s += time.perf_counter() - t0
+            if shard is not None:
+                write_shard(work, position.shards, shard)
+                tokens = answer_tokens(shard)
+                generated += tokens
+                position.answers += len(shard)
+                position.answer_tokens += tokens
+                if for_corrector(position.shards, cfg):
+                    position.corrector_tokens += tokens
+                position.shards += 1
+                _drop_old(work, position.shards, cfg)
+                losses = ", ".join(f"{k} {v:.3f}" for k, v in trainer.losses.items())
+                print(
+                    f"[run] shard {position.shards}: {position.answer_tokens:,} label tokens; "
+                    f"step {trainer.step} ({losses}); {generated / max(generating_s, 1e-9):.0f} "
+                    f"generated tokens/s",
+                    flush=True,
+                )
+        if time.perf_counter() - last_save > cfg.checkpoint_every_s:
+            checkpoint()
+            last_save = time.perf_counter()
+    checkpoint()
+    record |= {
+        "to_step": trainer.step,
+        "to_shard": position.shards,
+        "to_tokens": position.answer_tokens,
+        "generating_s": round(generating_s),
+        "training_s": round(training_s),
+        "generated_tokens_per_s": round(generated / max(generating_s, 1e-9), 1),
+        "dflash_steps_per_s": round(
+            (trainer.step - record["from_step"]) / max(training_s, 1e-9), 3
+        ),
+        "dflash_losses": {k: round(v, 4) for k, v in trainer.losses.items()},
+    }
+    dflash = trainer.averaged()
+    record |= _correctors(cfg, work, models, dflash, target, position, deadline)
+    _export(models, dflash)
+    record["seconds"] = round(time.perf_counter() - wall)
+    legs.append(record)
+    checkpoint()
+    write_summary(
+        models,
+        {
+            "fingerprint": fingerprint(cfg),
+            "config": cfg.to_dict(),
+            "step": trainer.step,
+            "position": position.to_dict(),
+            "legs": legs,
+        },
+    )
+    print(f"[run] leg {record['leg']} done: {record}", flush=True)
+    return record
+
+
+def _dflash_shards(shards: int, cfg: RunConfig) -> int:
+    """How many of the first `shards` shards went to DFlash: each unlocks steps_per_shard."""
+    return sum(1 for s in range(shards) if not for_corrector(s, cfg))
+
+
+def _window(work: Path, shards: int, cfg: RunConfig) -> list[int]:
+    """The newest DFlash shards on this machine, at most window_shards."""
+    found = [
+        s
+        for s in range(shards - 1, -1, -1)
+        if not for_corrector(s, cfg) and shard_file(work, s).exists()
+    ]
+    return found[: cfg.window_shards]
+
+
+def _drop_old(work: Path, shards: int, cfg: RunConfig) -> None:
+    """Deletes DFlash shards past the window and kept shards past CORRECTOR_SHARDS."""
+    dflash = [s for s in range(shards) if not for_corrector(s, cfg)]
+    kept = [s for s in range(shards) if for_corrector(s, cfg)]
+    for s in dflash[: -cfg.window_shards] + kept[:-CORRECTOR_SHARDS]:
+        shard_file(work, s).unlink(missing_ok=True)
+
+
+def _correctors(
+    cfg: RunConfig,
+    work: Path,
+    models: Path,
+    dflash: DFlashDrafter,
+    target: CausalLM,
+    position: Position,
+    deadline: float,
+) -> dict[str, Any]:
+    """Both correctors refitted on the kept shards over the rest of the leg's time."""
+    kept = [s for s in range(position.shards) if for_corrector(s, cfg)]
+    files = [shard_file(work, s) for s in kept if shard_file(work, s).exists()][-CORRECTOR_SHARDS:]
+    if not files:
+        raise RuntimeError("no kept shard on this machine: the leg was too short for correctors")
+    pad = Tokenizer.from_dir(REPO_ROOT / cfg.target_path).token_id(END_OF_TEXT)
+    data = concat([Continuations.load(f) for f in files], pad)
+    remaining = max(60.0, deadline - time.perf_counter())
+    facts: dict[str, Any] = {"corrector_sequences": len(data)}
+    vocab = drafting_vocab(dflash)
+    for phase, share in ((Phase.JOINT, 0.6), (Phase.FROZEN, 0.4)):
+        previous = load_drafter(models / phase.value)
+        drafter = DFlashDrafter(replace(dflash.config, corrector=previous.config.corrector))
+        drafter.load_state_dict(dflash.state_dict(), strict=False)
+        assert drafter.corrector is not None
+        assert previous.corrector is not None
+        drafter.corrector.load_state_dict(previous.corrector.state_dict())
+        drafter.mask_embedding = dflash.mask_embedding
+        budget = remaining * share
+        ccfg = replace(cfg.corrector, joint_budget_s=budget, frozen_budget_s=budget)
+        drafter, result = train_drafter(
+            phase, drafter, target, data, vocab, cfg.drafter, ccfg, cfg.seed + position.shards
+        )
+        save_drafter(_shipped(drafter), models / phase.value)
+        facts[phase.value] = {"steps": result.steps} | {
+            k: round(v, 4) for k, v in result.metrics.items()
+        }
+    return facts
+
+
+def _shipped(drafter: DFlashDrafter) -> DFlashDrafter:
+    """Weights in bf16 as the shipped folders hold them; the mask vector stays fp32."""
+    mask = drafter.mask_embedding
+    drafter = drafter.to(torch.bfloat16)
+    drafter.mask_embedding = None if mask is None else mask.float()
+    return drafter
+
+
+def _export(models: Path, dflash: DFlashDrafter) -> None:
+    save_drafter(_shipped(dflash), models / Phase.DFLASH.value)

@@ -1,0 +1,75 @@
+"""Settings of the long training run (`dcoco train-run`), with the reason for each default.
+
+A run continues the shipped drafters for far longer than one session: each invocation (a leg)
+generates fresh self-distilled data and trains on it, checkpointing as it goes, and ends by
+refitting both correctors and exporting all three drafters. See `dcoco.train.run`.
+"""
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dcoco.train.config import SMOLLM2, CorrectorTrainConfig, DrafterTrainConfig
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    seed: int = 0
+    threads: int = 2  # the machine's cores
+    target_path: str = "models/smollm2/target"
+    models_path: str = "models/smollm2"  # where the drafters start from and are exported to
+    # The prompt stream (`run_prompts`): chat turns matter most for MT-Bench-like use, code and
+    # math are where speculation pays; the split and seed are the corpus stage's, so the shipped
+    # held-out files stay held out.
+    weights: dict[str, float] = field(
+        default_factory=lambda: {"prose": 0.5, "code": 0.25, "math": 0.25}
+    )
+    math_problems: int = 30_000  # about 18k distinct after deduplication
+    max_chars: int = 2_400  # code requests, as the corpus stage builds them
+    test_percent: float = 3.0  # the corpus stage's held-out share: the same split
+    # Generation: the target's own greedy answers in the precision it serves in, with its
+    # features at the drafter's layers. At batch 128 a bf16 decode step is compute-bound and
+    # produces labels at about 60% of a teacher-forced prefill's rate (docs/smollm2-model.md).
+    batch_size: int = 128
+    max_prompt_tokens: int = 512  # chat histories run long; longer ones are skipped
+    max_new_tokens: int = 256
+    precision: str = "bf16"
+    shard_sequences: int = 256  # answers per shard file (about 0.4 GB with features)
+    corrector_every: int = 4  # every 4th shard is kept from DFlash for the correctors
+    window_shards: int = 8  # DFlash steps sample from the newest 8 DFlash shards
+    # DFlash steps per DFlash shard generated: 60 steps (about 85 s on 2 cores) to about 110 s
+    # of generation, and each answer token drawn as an anchor about 0.2 times.
+    steps_per_shard: int = 60
+    # The DFlash schedule spans the whole run, not a leg: warm-up, then cosine over this many
+    # steps (about 8 CPU-hours with generation); legs carry the step count between them.
+    planned_steps: int = 12_000
+    ema: float = 0.999  # the exported DFlash weights average the last ~1,000 steps
+    checkpoint_every_s: float = 300.0
+    corrector_share: float = 0.2  # of a leg's time, at its end: joint 60%, frozen 40% of it
+    drafter: DrafterTrainConfig = field(
+        default_factory=lambda: DrafterTrainConfig(
+            num_layers=SMOLLM2.drafter.num_layers,
+            target_layer_ids=SMOLLM2.drafter.target_layer_ids,
+            block_size=SMOLLM2.drafter.block_size,
+            batch_size=8,
+            anchors=24,
+            lr=5e-4,  # continues a trained drafter: half the first run's peak
+            warmup_steps=100,  # also after a cross-session resume, whose moments restart
+            train_vocab=SMOLLM2.drafter.train_vocab,
+        )
+    )
+    corrector: CorrectorTrainConfig = field(default_factory=lambda: SMOLLM2.corrector)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def identity(self) -> dict[str, Any]:
+        """What a checkpoint must agree on to be resumed: everything but time and threads."""
+        raw = self.to_dict()
+        for name in ("threads", "checkpoint_every_s", "corrector_share"):
+            raw.pop(name)
+        raw["corrector"] = {k: v for k, v in raw["corrector"].items() if "budget" not in k}
+        raw["drafter"] = {k: v for k, v in raw["drafter"].items() if "budget" not in k}
+        return raw
+
+
+SMOLLM2_RUN = RunConfig()

@@ -1,0 +1,150 @@
+"""The long run's prompts: one seeded, ordered stream, so that a data position is an index.
+
+Three domains, interleaved by weight in a fixed order (a domain that runs out leaves the others):
+- prose: every human turn of the ShareGPT conversations, after the turns before it (the
+  recorded answers stand in for the target's own in the history);
+- code: requests built from functions of Python's standard library, as the corpus stage builds;
+- math: the seeded word-problem generator.
+
+Nothing evaluated is ever trained on, by two rules: a prompt whose record key falls in the
+held-out split (`corpus.is_held_out`, the split the shipped `heldout/` files come from) is left
+out, and so is any prompt whose text, normalised, equals or starts like a prompt of the held-out
+files or of the packaged evaluation suites (HumanEval, GSM8K, MT-Bench, AIME, GPQA).
+"""
+
+import random
+import re
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from dcoco.suites import HELDOUT, PACKAGED, load_suite
+from dcoco.train.corpus import is_held_out
+from dcoco.train.corpus_chat import MAX_CHARS, MAX_NON_ASCII, MIN_CHARS, conversations
+from dcoco.train.corpus_code import records_from_file, stdlib_files
+from dcoco.train.corpus_math import math_records
+
+Message = dict[str, str]
+PREFIX_CHARS = 64  # a held-out prompt's normalised opening that no training prompt may share
+ROLES = {"human": "user", "gpt": "assistant"}
+
+
+@dataclass(frozen=True)
+class RunPrompt:
+    domain: str
+    key: str  # the record key that decides the split
+    messages: tuple[Message, ...]  # the conversation up to and including the user's turn
+
+
+def normalise(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+@dataclass(frozen=True)
+class Exclusions:
+    """Normalised texts and openings of every prompt that is evaluated."""
+
+    texts: frozenset[str]
+    openings: frozenset[str]
+
+    @classmethod
+    def of(cls, prompts: list[str]) -> "Exclusions":
+        texts = [normalise(p) for p in prompts]
+        return cls(frozenset(texts), frozenset(t[:PREFIX_CHARS] for t in texts))
+
+    def excludes(self, text: str) -> bool:
+        plain = normalise(text)
+        return plain in self.texts or plain[:PREFIX_CHARS] in self.openings
+
+
+def evaluated_prompts(heldout: Path) -> list[str]:
+    """Every prompt `dcoco eval` and `dcoco bench` send: held-out files and packaged suites."""
+    prompts: list[str] = []
+    for name in (*HELDOUT, *PACKAGED):
+        suite = load_suite(name, heldout)
+        prompts += suite.prompts
+        prompts += [m["content"] for history in suite.histories for m in history]
+    return prompts
+
+
+def prose_prompts(path: Path) -> Iterator[RunPrompt]:
+    """Each usable human turn of each conversation, with the turns before it."""
+    for record in conversations(path):
+        turns = record.get("conversations")
+        if not isinstance(turns, list):
+            continue
+        history: list[Message] = []
+        key = f"sharegpt:{record.get('id')}"  # the corpus stage's key: the same split
+        for turn in turns:
+            if not isinstance(turn, dict) or turn.get("from") not in ROLES:
+                break
+            text = str(turn.get("value", "")).strip()
+            role = ROLES[str(turn["from"])]
+            usable = role == "user" and MIN_CHARS <= len(text) <= MAX_CHARS
+            if usable and sum(not c.isascii() for c in text) <= MAX_NON_ASCII * len(text):
+                yield RunPrompt("prose", key, (*history, {"role": role, "content": text}))
+            history.append({"role": role, "content": text})
+
+
+def code_prompts(max_chars: int, seed: int) -> Iterator[RunPrompt]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    rng = random.Random(seed)
+    for path in stdlib_files(root):
+        for record in records_from_file(path, root, max_chars, rng):
+            if record.domain == "code":
+                yield RunPrompt("code", record.key, ({"role": "user", "content": record.user},))
+
+
+def math_prompts(count: int, seed: int) -> Iterator[RunPrompt]:
+    seen: set[str] = set()
+    for record in math_records(count, seed):
+        if record.user not in seen:
+            seen.add(record.user)
+            yield RunPrompt("math", record.key, ({"role": "user", "content": record.user},))
+
+
+def interleave(
+    domains: dict[str, list[RunPrompt]], weights: dict[str, float], seed: int
+) -> list[RunPrompt]:
+    """Each domain shuffled, then merged so that every prefix holds them near their weights."""
+    queues = {name: list(items) for name, items in domains.items()}
+    for name, items in sorted(queues.items()):
+        random.Random(f"{seed}:{name}").shuffle(items)
+    taken = dict.fromkeys(queues, 0)
+    order: list[RunPrompt] = []
+    while any(taken[n] < len(q) for n, q in queues.items()):
+        live = [n for n, q in queues.items() if taken[n] < len(q)]
+        name = min(live, key=lambda n: ((taken[n] + 1) / weights[n], n))
+        order.append(queues[name][taken[name]])
+        taken[name] += 1
+    return order
+
+
+def run_prompts(
+    sharegpt: Path,
+    heldout: Path,
+    weights: dict[str, float],
+    math_problems: int,
+    max_chars: int,
+    test_percent: float,
+    seed: int,
+) -> list[RunPrompt]:
+    """The run's whole prompt stream, in order; the same for the same arguments."""
+    excluded = Exclusions.of(evaluated_prompts(heldout))
+    sources = {
+        "prose": prose_prompts(sharegpt),
+        "code": code_prompts(max_chars, seed),
+        "math": math_prompts(math_problems, seed),
+    }
+    domains = {
+        name: [
+            p
+            for p in found
+            if not is_held_out(p.key, test_percent, seed)
+            and not excluded.excludes(p.messages[-1]["content"])
+        ]
+        for name, found in sources.items()
+        if weights.get(name, 0.0) > 0
+    }
+    return interleave(domains, weights, seed)

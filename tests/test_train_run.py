@@ -1,0 +1,133 @@
+"""The long training run at toy size on the tiny pair: a leg runs, checkpoints, exports and
+resumes where it stopped; a bad state stops it with one line; evaluated prompts never train."""
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from dcoco.checkpoint import CheckpointError, load_drafter
+from dcoco.paths import DEFAULT_HELDOUT, TINY_MODELS, TINY_TARGET
+from dcoco.suites import load_suite
+from dcoco.train.run import run_leg, schedule
+from dcoco.train.run_config import RunConfig
+from dcoco.train.run_prompts import Exclusions, interleave, math_prompts, normalise, run_prompts
+from dcoco.train.run_state import STATE_FILE, SUMMARY_FILE
+
+pytestmark = pytest.mark.slow
+
+
+def toy_config(models: Path) -> RunConfig:
+    base = RunConfig()
+    return replace(
+        base,
+        target_path=str(TINY_TARGET),
+        models_path=str(models),
+        weights={"math": 1.0},
+        math_problems=300,
+        batch_size=8,
+        max_prompt_tokens=128,
+        max_new_tokens=12,
+        shard_sequences=8,
+        corrector_every=2,
+        window_shards=2,
+        steps_per_shard=2,
+        planned_steps=50,
+        checkpoint_every_s=0.0,
+        drafter=replace(
+            base.drafter, target_layer_ids=(1, 3), batch_size=2, anchors=4, warmup_steps=2
+        ),
+        corrector=replace(base.corrector, batch_size=2, anchors=4, warmup_steps=2, max_steps=3),
+    )
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> Path:
+    folder = tmp_path / "models"
+    for name in ("dflash", "dcoco", "dcoco-frozen", "heldout"):
+        shutil.copytree(TINY_MODELS / name, folder / name)
+    return folder
+
+
+def test_a_leg_trains_exports_and_the_next_resumes(models: Path, tmp_path: Path) -> None:
+    cfg, work = toy_config(models), tmp_path / "work"
+    before = load_drafter(models / "dflash").state_dict()
+    first = run_leg(cfg, work, hours=1.0, shards=4)
+    assert (first["from_step"], first["to_step"], first["to_shard"]) == (0, 4, 4)
+    assert first["to_tokens"] > 0
+    assert first["dcoco"]["steps"] == 3
+    assert first["dcoco-frozen"]["steps"] == 3
+    after = load_drafter(models / "dflash").state_dict()
+    assert not torch.equal(before["fc.weight"], after["fc.weight"])
+    for name in ("dcoco", "dcoco-frozen"):
+        assert load_drafter(models / name).corrector is not None
+    summary = json.loads((models / SUMMARY_FILE).read_text())
+    assert summary["step"] == 4
+    assert summary["position"]["shards"] == 4
+    assert [leg["leg"] for leg in summary["legs"]] == [1]
+
+    second = run_leg(cfg, work, hours=1.0, shards=2)  # the local checkpoint
+    assert (second["leg"], second["from_step"], second["from_shard"]) == (2, 4, 4)
+    assert second["to_step"] == 6  # shard 4 unlocks 2 steps, shard 5 is the correctors'
+    (work / STATE_FILE).unlink()  # a new machine: only what was committed
+    third = run_leg(cfg, work, hours=1.0, shards=2)
+    assert (third["leg"], third["from_step"], third["from_shard"]) == (3, 6, 6)
+    prompts = json.loads((models / SUMMARY_FILE).read_text())["position"]["next_prompt"]
+    assert prompts >= 8 * 8  # at least every answer written, none handed out twice
+
+
+def test_a_corrupt_or_foreign_state_stops_the_run(models: Path, tmp_path: Path) -> None:
+    cfg, work = toy_config(models), tmp_path / "work"
+    work.mkdir()
+    (work / STATE_FILE).write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        run_leg(cfg, work, hours=1.0, shards=1)
+    (work / STATE_FILE).unlink()
+    (models / SUMMARY_FILE).write_text(
+        json.dumps({"fingerprint": "0" * 16, "step": 3, "position": {}, "legs": []})
+    )
+    with pytest.raises(CheckpointError, match="other run settings") as caught:
+        run_leg(cfg, work, hours=1.0, shards=1)
+    assert "\n" not in str(caught.value)
+
+
+def test_the_schedule_warms_up_after_each_resume_and_decays_over_the_run() -> None:
+    cfg = replace(RunConfig(), planned_steps=1000)
+    warm = cfg.drafter.warmup_steps
+    assert schedule(0, 0, cfg) == pytest.approx(1 / warm)
+    assert schedule(500, warm, cfg) == pytest.approx(0.55)
+    assert schedule(500, 0, cfg) == pytest.approx(0.55 / warm)
+    assert schedule(5000, warm, cfg) == pytest.approx(0.1)
+
+
+def test_evaluated_prompts_are_excluded_by_text_and_opening() -> None:
+    suite = load_suite("gsm8k", DEFAULT_HELDOUT)
+    excluded = Exclusions.of(suite.prompts)
+    question = suite.prompts[0]
+    assert excluded.excludes(question)
+    assert excluded.excludes("  " + question.upper() + " Show your work.")
+    assert not excluded.excludes("Olga has 61 balloons. How many does she have?")
+    assert normalise(" A\n b ") == "a b"
+
+
+def test_no_training_prompt_is_an_evaluated_one() -> None:
+    heldout = TINY_MODELS / "heldout"
+    prompts = run_prompts(Path("unused"), heldout, {"math": 1.0}, 2000, 2400, 10.0, 0)
+    held = {
+        normalise(json.loads(line)["prompt"])
+        for line in (heldout / "math.jsonl").read_text().splitlines()
+    }
+    assert held
+    assert not held & {normalise(p.messages[-1]["content"]) for p in prompts}
+
+
+def test_interleaving_keeps_every_prefix_near_the_weights() -> None:
+    math = list(math_prompts(400, 0))
+    code = [replace(p, domain="code", key=f"c{i}") for i, p in enumerate(math[:100])]
+    order = interleave({"math": math, "code": code}, {"math": 0.75, "code": 0.25}, 0)
+    assert len(order) == len(math) + len(code)
+    assert sum(p.domain == "code" for p in order[:40]) == 10
+    assert order == interleave({"math": math, "code": code}, {"math": 0.75, "code": 0.25}, 0)
