@@ -2,6 +2,7 @@
 model card published but no worker: admission, limits, deadlines and outages."""
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -9,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
+import jsonschema
 import pytest
 
 from dcoco.gateway.app import create_app
@@ -94,20 +96,36 @@ async def test_an_unclaimed_request_times_out_with_a_clear_error(plain: httpx.As
 async def test_a_full_queue_answers_429_before_any_work(
     redis_server: RedisServer, published: None
 ) -> None:
-    async with gateway(redis_server, queue_timeout_s=3, max_queue_depth=2) as client:
+    async with gateway(redis_server, queue_timeout_s=3, max_queue_depth=3) as client:
         waiting = [
-            asyncio.create_task(client.post("/v1/chat/completions", json=CHAT)) for _ in range(2)
+            asyncio.create_task(client.post("/v1/chat/completions", json=CHAT)) for _ in range(3)
         ]
-        await asyncio.sleep(0.3)
-        assert redis_server.client().xlen("dcoco:m:requests") == 2
+        await until(lambda: redis_server.client().xlen("dcoco:m:requests") == 3)
         full = await client.post("/v1/chat/completions", json=CHAT)
         assert full.status_code == 429
         assert full.headers["retry-after"] == "1"
         assert full.json()["error"]["code"] == "queue_full"
-        assert redis_server.client().xlen("dcoco:m:requests") == 2  # nothing was queued
-        n_too_many = await client.post("/v1/chat/completions", json=CHAT | {"n": 3})
+        assert redis_server.client().xlen("dcoco:m:requests") == 3  # nothing was queued
+        n_too_many = await client.post("/v1/chat/completions", json=CHAT | {"n": 2})
         assert n_too_many.status_code == 429  # all of a request's choices fit, or none
         await asyncio.gather(*waiting)
+
+
+async def test_a_request_larger_than_the_whole_queue_is_a_400_not_a_retryable_429(
+    redis_server: RedisServer, published: None
+) -> None:
+    async with gateway(redis_server, queue_timeout_s=3, max_queue_depth=16) as client:
+        completion = {"model": "m", "prompt": ["a"] * 3, "n": 6, "max_tokens": 1}
+        reply = await client.post("/v1/completions", json=completion)
+        assert reply.status_code == 400, reply.text  # on an idle server: it can never fit
+        assert "retry-after" not in reply.headers
+        error = reply.json()["error"]
+        assert "18 generations" in error["message"]
+        assert "16" in error["message"]
+        assert error["param"] == "prompt"
+        chat = await client.post("/v1/chat/completions", json=CHAT | {"n": 8, "max_tokens": 1})
+        assert chat.status_code == 504  # 8 fit: queued, and no worker took it up
+        assert redis_server.client().xlen("dcoco:m:requests") == 8
 
 
 async def test_api_keys(redis_server: RedisServer, published: None, tmp_path: Path) -> None:
@@ -341,3 +359,57 @@ def test_the_openapi_schema_documents_the_request_bodies(redis_server: RedisServ
     chat = schema["components"]["schemas"]["ChatRequest"]
     assert {"model", "messages"} <= set(chat["required"])
     assert chat["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+async def test_a_body_that_is_not_declared_json_is_a_400(
+    plain: httpx.AsyncClient, content_type: str | None
+) -> None:
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    reply = await plain.post("/v1/chat/completions", content=json.dumps(CHAT), headers=headers)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == "unsupported_content_type"
+    assert "application/json" in error["message"]
+    charset = {"Content-Type": "Application/JSON; charset=utf-8"}
+    reply = await plain.post("/v1/chat/completions", content=json.dumps(CHAT), headers=charset)
+    assert reply.status_code == 504  # accepted and queued; no worker took it up
+
+
+@pytest.mark.parametrize("value", [b"NaN", b"Infinity", b"-Infinity"])
+async def test_a_temperature_that_is_not_a_number_says_so(
+    plain: httpx.AsyncClient, value: bytes
+) -> None:
+    body = json.dumps(CHAT)[:-1].encode() + b', "temperature": ' + value + b"}"
+    reply = await raw_post(plain, "/v1/chat/completions", body)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["param"] == "temperature"
+    assert "finite number" in error["message"]
+
+
+async def test_a_401_says_how_to_authenticate(redis_server: RedisServer, published: None) -> None:
+    async with gateway(redis_server, api_keys="k1") as client:
+        for reply in (
+            await client.get("/v1/models"),
+            await client.post("/v1/chat/completions", json=CHAT),
+        ):
+            assert reply.status_code == 401
+            assert reply.headers["www-authenticate"] == "Bearer"
+
+
+def test_the_openapi_schema_allows_stream_options_only_when_streaming(
+    redis_server: RedisServer,
+) -> None:
+    schema = create_app(GatewaySettings(redis_url=redis_server.url)).openapi()
+    components = schema["components"]["schemas"]
+    options = {"stream_options": {"include_usage": True}}
+    for name, body in (("ChatRequest", CHAT), ("CompletionRequest", {"model": "m", "prompt": "a"})):
+        # The request body's schema, with the components its references point into.
+        root = components[name] | {"components": {"schemas": components}}
+        validator = jsonschema.Draft202012Validator(root)
+        assert validator.is_valid(body)
+        assert validator.is_valid(body | options | {"stream": True})
+        assert validator.is_valid(body | {"stream_options": None})
+        assert not validator.is_valid(body | options)
+        assert not validator.is_valid(body | options | {"stream": False})

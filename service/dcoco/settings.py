@@ -60,6 +60,20 @@ class GatewaySettings(QueueSettings):
     # Threads that parse, render and tokenize request bodies off the event loop; more requests
     # wait for a free thread.
     tokenizer_threads: int = Field(4, ge=1)
+    # Bodies above this many bytes are parsed and tokenized in the large lane instead: this many
+    # threads for the whole gateway and one body at a time per key, so that they queue among
+    # themselves, not in front of small requests. 64 KiB is far above a typical chat request.
+    large_body_bytes: int = Field(64 * 1024, ge=1024)
+    large_body_threads: int = Field(1, ge=1)
+    # Slow and idle clients (each closure is counted in dcoco_client_timeouts_total{phase}).
+    # An open connection with no request under way (new, or after a response) is closed after
+    # keepalive_timeout_s (uvicorn's own keep-alive timeout, 5 s by default there too)...
+    keepalive_timeout_s: int = Field(5, ge=1)
+    # ...a request whose headers have not all arrived headers_timeout_s after its first byte...
+    headers_timeout_s: float = Field(10.0, gt=0)
+    # ...and one whose body has not all arrived body_timeout_s after its headers (4 MiB in
+    # 30 s is 140 kB/s; a healthy client on any real link sends it far faster).
+    body_timeout_s: float = Field(30.0, gt=0)
     # False: /readyz needs Redis only, not a live worker. Set it when workers scale to zero,
     # or the gateway goes unready exactly when requests should wait for a worker to start.
     readyz_requires_workers: bool = True

@@ -9,7 +9,6 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
@@ -19,6 +18,7 @@ from dcoco.gateway.catalog import Catalog
 from dcoco.gateway.errors import APIError, InvalidRequest, NotFound, Unavailable
 from dcoco.gateway.guard import Guard
 from dcoco.gateway.jobs import Jobs
+from dcoco.gateway.lanes import Lanes
 from dcoco.gateway.metrics import GatewayMetrics
 from dcoco.gateway.middleware import ObserveRequests
 from dcoco.gateway.openapi import openapi_schema
@@ -46,7 +46,9 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         guard=Guard(api_keys, redis, settings),
         jobs=Jobs(queue, settings, metrics),
         metrics=metrics,
-        cpu=anyio.CapacityLimiter(settings.tokenizer_threads),
+        lanes=Lanes(
+            settings.tokenizer_threads, settings.large_body_threads, settings.large_body_bytes
+        ),
     )
     supervisor = Supervisor(on_restart=lambda loop: metrics.loop_restarts.labels(loop).inc())
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from dcoco.gateway.bounds import TokenBound, token_bound
 from dcoco.gateway.errors import ModelNotFound, ModelUnavailable, Unavailable
 from dcoco.queue.client import GatewayQueue
 from dcoco.queue.protocol import ModelCard
@@ -28,6 +29,7 @@ MISS_REFRESH_S = 0.2  # an unknown name reloads the cards, at most this often
 class ServedModel:
     card: ModelCard
     tokenizer: Tokenizer
+    bound: TokenBound | None  # a cheap lower bound on token counts, where one holds
 
 
 class Catalog:
@@ -35,7 +37,7 @@ class Catalog:
         self.queue, self.refresh_s = queue, refresh_s
         self.cards: dict[str, ModelCard] = {}
         self.seen: dict[str, float] = {}  # model -> last time its card was in Redis (monotonic)
-        self.tokenizers: dict[str, Tokenizer] = {}  # by tokenizer sha
+        self.tokenizers: dict[str, tuple[Tokenizer, TokenBound | None]] = {}  # by sha
         self.fetched = float("-inf")
         self.lock = asyncio.Lock()
 
@@ -52,14 +54,15 @@ class Catalog:
             if time.monotonic() - self.seen.get(name, float("-inf")) < RECENT_S:
                 raise ModelUnavailable(f"the model '{name}' is temporarily unavailable")
             raise ModelNotFound(f"the model '{name}' does not exist", param="model")
-        tokenizer = self.tokenizers.get(card.tokenizer_sha)
-        if tokenizer is None:
+        loaded = self.tokenizers.get(card.tokenizer_sha)
+        if loaded is None:
             raw = await self.queue.tokenizer_json(card.tokenizer_sha)
             if raw is None:
                 raise Unavailable(f"the tokenizer of '{name}' is not published yet")
-            tokenizer = Tokenizer(HFTokenizer.from_str(raw), card.chat_template, [])
-            self.tokenizers[card.tokenizer_sha] = tokenizer
-        return ServedModel(card, tokenizer)
+            inner = HFTokenizer.from_str(raw)
+            loaded = Tokenizer(inner, card.chat_template, []), token_bound(raw, inner)
+            self.tokenizers[card.tokenizer_sha] = loaded
+        return ServedModel(card, *loaded)
 
     async def _refresh(self, max_age_s: float | None = None) -> None:
         max_age = self.refresh_s if max_age_s is None else max_age_s

@@ -47,8 +47,22 @@ class PayloadTooLarge(InvalidRequest):
     code = "payload_too_large"
 
 
+class RequestTimeout(InvalidRequest):
+    """The client was too slow to send its request; the connection is closed after it."""
+
+    status, code = 408, "request_timeout"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Connection": "close"})
+
+
 class Unauthorized(APIError):
+    """401 with `WWW-Authenticate: Bearer` (RFC 6750), which says how to authenticate."""
+
     status, type, code = 401, "invalid_request_error", "invalid_api_key"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
 
 
 class ModelNotFound(APIError):

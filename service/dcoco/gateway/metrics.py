@@ -5,6 +5,8 @@ queue depth and live workers per model (refreshed from Redis in the background).
         histogram_quantile(0.5, sum by (le) (rate(dcoco_time_to_first_token_seconds_bucket[5m])))
     error ratio:
         sum(rate(dcoco_requests_total{status=~"5.."}[5m])) / sum(rate(dcoco_requests_total[5m]))
+    connections closed on slow or idle clients, by phase:
+        sum by (phase) (rate(dcoco_client_timeouts_total[5m]))
     requests waiting per worker (a KEDA/HPA signal):
         sum by (model) (dcoco_queue_depth) / clamp_min(sum by (model) (dcoco_workers), 1)
 """
@@ -49,6 +51,12 @@ class GatewayMetrics:
             "dcoco_queue_depth", "Requests waiting, not picked up", ["model"], registry=registry
         )
         self.workers = Gauge("dcoco_workers", "Live workers", ["model"], registry=registry)
+        self.client_timeouts = Counter(
+            "dcoco_client_timeouts",
+            "Connections closed on a slow or idle client, by phase: idle, headers or body",
+            ["phase"],
+            registry=registry,
+        )
         self.loop_restarts = Counter(
             "dcoco_gateway_loop_restarts",
             "Crashes of a gateway background loop, each followed by a restart",

@@ -16,9 +16,10 @@ from dcoco.gateway.response_schemas import REF, RESPONSE_SCHEMAS, ref
 from dcoco.gateway.schemas import ChatRequest, CompletionRequest
 
 ERROR_STATUSES = {
-    "400": "Malformed, unsupported or oversized for the context",
+    "400": "Malformed, not JSON, unsupported, oversized for the context or the queue",
     "401": "Missing or invalid API key",
     "404": "Unknown model",
+    "408": "The request's headers or body did not arrive in time",
     "413": "Request body too large",
     "429": "Rate, concurrency or queue-depth limit; see Retry-After",
     "499": "The client closed the connection",

@@ -13,18 +13,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import Receive, Scope, Send
 
-from dcoco.gateway.errors import (
-    Cancelled,
-    InvalidRequest,
-    PayloadTooLarge,
-    Unavailable,
-)
+from dcoco.gateway.bodies import read_body, require_json
+from dcoco.gateway.errors import Cancelled, InvalidRequest, Unavailable
 from dcoco.gateway.formats import Format
 from dcoco.gateway.prompts import budget, chat_prompt, completion_prompts
 from dcoco.gateway.schemas import ChatRequest, CompletionRequest, parse
 from dcoco.gateway.services import services_of
 from dcoco.queue.connection import UNAVAILABLE
 from dcoco.queue.protocol import GenerationParams
+from dcoco.settings import GatewaySettings
 
 router = APIRouter()
 T = TypeVar("T")
@@ -113,21 +110,22 @@ async def _admitted(
     request: Request, chat: bool, started: float, release: Callable[[], Awaitable[None]]
 ) -> Response:
     services = services_of(request)
-    raw = await _read_body(request, services.settings.max_body_bytes)
+    require_json(request)
+    raw = await read_body(request, services.settings.max_body_bytes)
     body: ChatRequest | CompletionRequest
-    if chat:
-        body = await services.offload(parse, ChatRequest, raw)
-    else:
-        body = await services.offload(parse, CompletionRequest, raw)
-    if body.n > services.settings.max_n:
-        raise InvalidRequest(f"n must be at most {services.settings.max_n}", param="n")
-    model = await services.catalog.get(body.model)
-    if isinstance(body, ChatRequest):
-        prompts = await services.offload(chat_prompt, body, model)
-    else:
-        prompts = await services.offload(completion_prompts, body, model)
+    async with services.lanes.enter(request.state.principal, len(raw)) as lane:
+        if chat:
+            body = await lane.run(parse, ChatRequest, raw)
+        else:
+            body = await lane.run(parse, CompletionRequest, raw)
+        _check_size(body, services.settings)
+        model = await services.catalog.get(body.model)
+        if isinstance(body, ChatRequest):
+            prompts = await lane.run(chat_prompt, body, model)
+        else:
+            prompts = await lane.run(completion_prompts, body, model)
     params = GenerationParams(
-        max_tokens=budget(prompts, body.budget(), model.card.max_model_len),
+        max_tokens=budget(prompts, body.budget(), model, "messages" if chat else "prompt"),
         temperature=body.temperature,
         top_p=body.top_p,
         seed=body.seed,
@@ -156,6 +154,20 @@ async def _admitted(
         if not job.finished:
             services.jobs.abandon(job)
         raise
+
+
+def _check_size(body: ChatRequest | CompletionRequest, settings: GatewaySettings) -> None:
+    """Refuses what can never be accepted, before any tokenizing: more choices than allowed, or
+    more generations (prompts × n) than the whole queue holds, which no retry would fix."""
+    if body.n > settings.max_n:
+        raise InvalidRequest(f"n must be at most {settings.max_n}", param="n")
+    prompts = body.prompt_count()
+    if prompts * body.n > settings.max_queue_depth:
+        raise InvalidRequest(
+            f"this request asks for {prompts * body.n} generations ({prompts} prompts × n = "
+            f"{body.n}), more than the {settings.max_queue_depth} a model's queue holds",
+            param="prompt" if prompts > 1 else "n",
+        )
 
 
 class EventStream(StreamingResponse):
@@ -197,15 +209,3 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"the request body exceeds {limit} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body.extend(chunk)
-        if len(body) > limit:
-            raise PayloadTooLarge(f"the request body exceeds {limit} bytes")
-    return bytes(body)

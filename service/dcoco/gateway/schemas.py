@@ -80,11 +80,23 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
+# What the request schema says of stream_options, which the server refuses without stream: true.
+STREAM_OPTIONS_NEED_STREAM: dict[str, Any] = {
+    "anyOf": [
+        {"properties": {"stream_options": {"type": "null"}}},  # absent or null
+        {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+    ]
+}
+
+
 class Sampling(Strict):
+    model_config = ConfigDict(json_schema_extra=STREAM_OPTIONS_NEED_STREAM)
+
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)  # OpenAI's default and range
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    # OpenAI's default and range; NaN and infinities are refused as not finite.
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1)
@@ -122,6 +134,9 @@ class ChatRequest(Sampling):
             raise InvalidRequest("max_tokens and max_completion_tokens differ", param="max_tokens")
         return self.max_completion_tokens or self.max_tokens
 
+    def prompt_count(self) -> int:
+        return 1
+
 
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
 
@@ -136,6 +151,13 @@ class CompletionRequest(Sampling):
 
     def budget(self) -> int | None:
         return self.max_tokens
+
+    def prompt_count(self) -> int:
+        """A string or one list of token ids is one prompt; a list of either is several."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or all(isinstance(p, int) for p in prompt):
+            return 1
+        return len(prompt)
 
 
 S = TypeVar("S", bound=Sampling)
