@@ -1,10 +1,12 @@
-"""`dcoco serve`: the all-in-one stack starts, answers, and Ctrl-C stops all three processes."""
+"""`dcoco serve`: the all-in-one stack starts, answers, and Ctrl-C stops all three processes;
+killed outright, it takes them with it."""
 
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -13,7 +15,7 @@ import pytest
 from dcoco.paths import DEFAULT_MODEL_NAME
 from dcoco.serve import embedded_workers, free_port, port_is_free, readiness_urls
 from factories import write_models
-from stack import http_status
+from stack import http_status, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +26,12 @@ def children_of(pid: int) -> list[int]:
     return [int(child) for child, parent in pairs if int(parent) == pid]
 
 
-def test_serve_starts_answers_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
-    models = write_models(tmp_path, distilled=False)
-    port = free_port()
+def start_serve(models: dict[str, Path], port: int, metrics_port: int) -> subprocess.Popen[bytes]:
+    """`dcoco serve` on `port`, returned once it says it is serving."""
     env = dict(os.environ) | {
         "DCOCO_TARGET": str(models["target"]),
         "DCOCO_DRAFTER": str(models["dcoco"]),
-        "DCOCO_METRICS_PORT": str(free_port()),
+        "DCOCO_METRICS_PORT": str(metrics_port),
     }
     env.pop("DCOCO_REDIS_URL", None)  # no Redis configured: serve starts a private one
     serve = subprocess.Popen(
@@ -39,9 +40,47 @@ def test_serve_starts_answers_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> Non
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
+    assert serve.stdout is not None
+    assert b"DCOCO is serving on" in serve.stdout.readline()  # printed once ready
+    return serve
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports a process listens on (from /proc, so for any of our own processes)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        target = os.readlink(fd)
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def running(pid: int) -> bool:
+    """Whether a process is alive: an exited one not yet reaped (a zombie) is not."""
     try:
-        assert serve.stdout is not None
-        assert b"DCOCO is serving on" in serve.stdout.readline()  # printed once ready
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def answers(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_serve_starts_answers_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    models = write_models(tmp_path, distilled=False)
+    port = free_port()
+    serve = start_serve(models, port, free_port())
+    try:
         assert http_status(f"http://127.0.0.1:{port}/readyz") == 200
         components = children_of(serve.pid)
         assert len(components) == 3  # redis-server, worker, gateway
@@ -55,6 +94,34 @@ def test_serve_starts_answers_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> Non
     finally:
         if serve.poll() is None:
             serve.kill()
+
+
+def test_a_killed_serve_leaves_nothing_behind_and_starts_again(tmp_path: Path) -> None:
+    """SIGKILL gives `serve` no chance to stop its children: they must die with it."""
+    models = write_models(tmp_path, distilled=False)
+    port, metrics_port = free_port(), free_port()
+    serve = start_serve(models, port, metrics_port)
+    components = children_of(serve.pid)
+    try:
+        ports = set().union(*(listening_ports(pid) for pid in components))
+        assert {port, metrics_port} < ports  # and the private Redis's
+        serve.kill()
+        serve.wait()
+        killed = time.monotonic()
+        wait_for(
+            lambda: not any(running(pid) for pid in components),
+            timeout=5,
+            what="every component of the killed serve to exit",
+        )
+        assert not any(answers(p) for p in ports)
+        assert time.monotonic() - killed < 5
+        again = start_serve(models, port, metrics_port)  # what `make serve` does next
+        again.send_signal(signal.SIGINT)
+        assert again.wait(timeout=60) == 0
+    finally:
+        for pid in components:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)  # only if the test failed: no orphans either way
 
 
 def test_serve_refuses_a_busy_port() -> None:

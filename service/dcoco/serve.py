@@ -1,7 +1,10 @@
 """`dcoco serve`: the embedded stack on one machine, a private Redis, a torch worker per model
 and the gateway, each its own process. Ctrl-C (or SIGTERM) stops them in order: gateway,
-workers (which drain), Redis."""
+workers (which drain), Redis. If `serve` itself dies without stopping them (SIGKILL, a crash),
+they die with it: each is started with Linux's parent-death signal set to SIGKILL, so none is
+left behind holding its port."""
 
+import ctypes
 import os
 import shutil
 import signal
@@ -19,6 +22,7 @@ from dcoco.paths import DEFAULT_MODEL_NAME, SMOLLM2_MODELS, TINY_MODEL_NAME, TIN
 from dcoco.shared.errors import UsageError
 
 READY_TIMEOUT_S = 180.0
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def redis_server_binary() -> str:
@@ -51,6 +55,26 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+def dies_with_this_process() -> Callable[[], None] | None:
+    """A `preexec_fn` that makes the child get SIGKILL when this process dies, however it dies;
+    None where Linux's parent-death signal is not available.
+
+    The signal follows the thread that forked the child: `serve` starts every child from its
+    main thread, which lives as long as the process does."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before the fork, not in the child
+    parent = os.getpid()
+
+    def arm() -> None:
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return arm
+
+
 def start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
     args = [
         redis_server_binary(),
@@ -63,12 +87,20 @@ def start_redis(port: int, folder: Path) -> subprocess.Popen[bytes]:
         "--dir",
         str(folder),
     ]
-    return subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        args,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=dies_with_this_process(),  # safe: serve runs no other thread
+    )
 
 
 def dcoco(command: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "dcoco", command], env=env, start_new_session=True
+        [sys.executable, "-m", "dcoco", command],
+        env=env,
+        start_new_session=True,
+        preexec_fn=dies_with_this_process(),  # safe: serve runs no other thread
     )
 
 
