@@ -107,10 +107,12 @@ def test_abort_frees_the_slot_and_leaves_the_others_intact(pair: Pair) -> None:
     params = SamplingParams(max_tokens=25)
     for i, prompt in enumerate(PROMPTS[:3]):
         eng.add_request(f"r{i}", prompt, params)
-    eng.step()
+    outputs: dict[str, list[int]] = {"r1": [], "r2": []}
+    outputs["r1"] += [
+        t for out in eng.step().outputs if out.request_id == "r1" for t in out.new_token_ids
+    ]
     assert eng.abort("r0")
     assert not eng.abort("r0")
-    outputs: dict[str, list[int]] = {"r1": [], "r2": []}
     first = True
     while eng.has_unfinished():
         for out in eng.step().outputs:
@@ -120,6 +122,26 @@ def test_abort_frees_the_slot_and_leaves_the_others_intact(pair: Pair) -> None:
             assert outputs["r2"]
             first = False
     assert outputs["r2"] == greedy_reference(pair[0], PROMPTS[2], 25)
+    assert outputs["r1"] == greedy_reference(pair[0], PROMPTS[1], 25)  # moved to slot 0
+
+
+@pytest.mark.parametrize("mode", [Mode.VANILLA, Mode.DCOCO])
+def test_sequences_leaving_at_different_steps_move_no_one_elses_cache(
+    pair: Pair, mode: Mode
+) -> None:
+    """Running sequences keep slots 0..n-1: whenever one finishes, the highest moves into its
+    slot with its cached prefix (and its drafter context), and its output goes on unchanged."""
+    eng = engine(pair, mode, batch=4)
+    lengths = [3, 30, 7, 18, 1, 25]
+    for i, (prompt, n) in enumerate(zip(PROMPTS, lengths, strict=True)):
+        eng.add_request(f"r{i}", prompt, SamplingParams(max_tokens=n))
+    outputs: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
+    while eng.has_unfinished():
+        for out in eng.step().outputs:
+            outputs[out.request_id] += out.new_token_ids
+        assert [s.slot for s in eng.scheduler.running] == list(range(len(eng.scheduler.running)))
+    for i, (prompt, n) in enumerate(zip(PROMPTS, lengths, strict=True)):
+        assert outputs[f"r{i}"] == greedy_reference(pair[0], prompt, n), i
 
 
 def test_statistics_add_up(pair: Pair) -> None:

@@ -74,7 +74,9 @@ class Engine:
     def abort(self, request_id: str) -> bool:
         """Drops a request wherever it is; its slot is free for the next step."""
         self._ids.discard(request_id)
-        return self.scheduler.abort(request_id) is not None
+        seq, moves = self.scheduler.abort(request_id)
+        self.runner.move(moves)
+        return seq is not None
 
     def has_unfinished(self) -> bool:
         return len(self.scheduler) > 0
@@ -85,16 +87,20 @@ class Engine:
         admitted = self.scheduler.admit()
         if admitted:
             self._prefill(admitted, result)
-        active = [s for s in self.scheduler.running if not s.finished]
+            self._release_finished()
+        active = self.scheduler.running
         if active:
             result.cycle = (
                 self._speculate(active, result) if self.block else self._decode(active, result)
             )
+        self._release_finished()
+        return result
+
+    def _release_finished(self) -> None:
         for seq in self.scheduler.running:
             if seq.finished:
                 self._ids.discard(seq.request_id)
-        self.scheduler.release_finished()
-        return result
+        self.runner.move(self.scheduler.release_finished())
 
     def generate(
         self, prompts: list[list[int]], params: SamplingParams

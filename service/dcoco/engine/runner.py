@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from dcoco.engine.kv_cache import CacheView, KVCache
+from dcoco.engine.scheduler import Move
 from dcoco.engine.sequence import Sequence
 from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
@@ -86,9 +87,7 @@ class ModelRunner:
         offsets = torch.arange(width).expand(len(seqs), width)  # [N, T]
         valid = offsets < lengths.unsqueeze(1)  # [N, T]
         positions = torch.where(valid, offsets, self.target_cache.scratch)  # [N, T]
-        view = CacheView.build(
-            [s.slot for s in seqs], positions, torch.where(valid, offsets, 0), width
-        )
+        view = CacheView.build(_first_slot(seqs), positions, torch.where(valid, offsets, 0), width)
         hidden, feats = self._target(ids, view)  # [N, T, H], [N, T, F]
         last = hidden[torch.arange(len(seqs)), lengths - 1]  # [N, H]
         return self.target.logits(last), self._context(view, feats)  # [N, V]
@@ -98,7 +97,7 @@ class ModelRunner:
         ids = torch.tensor([[s.last_token] for s in seqs])  # [N, 1]
         positions = torch.tensor([[s.num_cached] for s in seqs])  # [N, 1]
         length = max(s.num_cached for s in seqs) + 1
-        view = CacheView.build([s.slot for s in seqs], positions, positions, length)
+        view = CacheView.build(_first_slot(seqs), positions, positions, length)
         hidden, feats = self._target(ids, view)  # [N, 1, H], [N, 1, F]
         return self.target.logits(hidden[:, 0]), self._context(view, feats)  # [N, V]
 
@@ -141,6 +140,12 @@ class ModelRunner:
         hidden, feats = self._target(torch.cat([last, draft], dim=1), view)  # [N, B+1, H]
         return self.target.logits(hidden), self._context(view, feats)  # [N, B+1, V]
 
+    def move(self, moves: list[Move]) -> None:
+        """Applies the scheduler's slot moves to both caches."""
+        for cache in (self.target_cache, self.drafter_cache):
+            if cache is not None:
+                cache.move(moves)
+
     def extend_context(self, update: ContextUpdate) -> None:
         """Stores drafter context keys/values for the tokens the target just processed.
 
@@ -172,4 +177,11 @@ class ModelRunner:
         positions = start + torch.arange(width)  # [N, W]
         limits = positions if causal else (start + width - 1).expand_as(positions)  # [N, W]
         length = max(s.num_cached for s in seqs) + width
-        return CacheView.build([s.slot for s in seqs], positions, limits, length)
+        return CacheView.build(_first_slot(seqs), positions, limits, length)
+
+
+def _first_slot(seqs: list[Sequence]) -> int:
+    """The slot of the first row; the rows hold consecutive slots (`Scheduler`)."""
+    first = seqs[0].slot
+    assert [s.slot for s in seqs] == list(range(first, first + len(seqs))), "slots not in order"
+    return first
