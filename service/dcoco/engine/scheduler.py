@@ -31,7 +31,7 @@ class Scheduler:
 
     def admit(self) -> list[Sequence]:
         """Moves waiting sequences into the slots after the running ones; returns them."""
-        admitted = []
+        admitted: list[Sequence] = []
         while self.waiting and len(self.running) + len(admitted) < self.num_slots:
             seq = self.waiting.popleft()
             seq.slot = len(self.running) + len(admitted)
