@@ -1,5 +1,6 @@
-"""The long training run at toy size on the tiny pair: a leg runs, checkpoints, exports and
-resumes where it stopped; a bad state stops it with one line; evaluated prompts never train."""
+"""The long training run at toy size on the tiny pair: a leg makes teacher-forced then
+self-distilled shards, trains, checkpoints, exports and resumes where it stopped; a bad state
+stops it with one line; evaluated prompts never train."""
 
 import json
 import shutil
@@ -12,6 +13,7 @@ import torch
 from dcoco.checkpoint import CheckpointError, load_drafter
 from dcoco.paths import DEFAULT_HELDOUT, TINY_MODELS, TINY_TARGET
 from dcoco.suites import load_suite
+from dcoco.train.data import Labels
 from dcoco.train.run import run_leg, schedule
 from dcoco.train.run_config import RunConfig
 from dcoco.train.run_prompts import Exclusions, interleave, math_prompts, normalise, run_prompts
@@ -31,10 +33,12 @@ def toy_config(models: Path) -> RunConfig:
         batch_size=8,
         max_prompt_tokens=128,
         max_new_tokens=12,
+        teacher_shards=2,  # shards 0 and 1, then self-distilled ones
+        teacher_labels=Labels.AGREED,
         shard_sequences=8,
         corrector_every=2,
         window_shards=2,
-        steps_per_shard=2,
+        label_tokens_per_step=40,  # about 2 steps a DFlash shard
         planned_steps=50,
         checkpoint_every_s=0.0,
         drafter=replace(
@@ -56,27 +60,48 @@ def test_a_leg_trains_exports_and_the_next_resumes(models: Path, tmp_path: Path)
     cfg, work = toy_config(models), tmp_path / "work"
     before = load_drafter(models / "dflash").state_dict()
     first = run_leg(cfg, work, hours=1.0, shards=4)
-    assert (first["from_step"], first["to_step"], first["to_shard"]) == (0, 4, 4)
-    assert first["to_tokens"] > 0
+    summary = json.loads((models / SUMMARY_FILE).read_text())
+    position = summary["position"]
+    assert (first["from_step"], first["to_shard"], position["shards"]) == (0, 4, 4)
+    assert set(first["sources"]) == {"teacher", "distilled"}
+    assert 0 < position["teacher_tokens"] < position["label_tokens"] == first["to_tokens"]
+    assert position["next_text"] >= 2 * 8  # two teacher-forced shards of 8 texts
+    assert position["next_prompt"] >= 2 * 8  # two self-distilled shards of 8 answers
+    assert position["answers"] == 4 * 8
+    unlocked = (position["label_tokens"] - position["corrector_tokens"]) // 40
+    assert first["to_step"] == summary["step"] == unlocked > 0  # every paid step trained
     assert first["dcoco"]["steps"] == 3
     assert first["dcoco-frozen"]["steps"] == 3
     after = load_drafter(models / "dflash").state_dict()
     assert not torch.equal(before["fc.weight"], after["fc.weight"])
     for name in ("dcoco", "dcoco-frozen"):
         assert load_drafter(models / name).corrector is not None
-    summary = json.loads((models / SUMMARY_FILE).read_text())
-    assert summary["step"] == 4
-    assert summary["position"]["shards"] == 4
     assert [leg["leg"] for leg in summary["legs"]] == [1]
 
     second = run_leg(cfg, work, hours=1.0, shards=2)  # the local checkpoint
-    assert (second["leg"], second["from_step"], second["from_shard"]) == (2, 4, 4)
-    assert second["to_step"] == 6  # shard 4 unlocks 2 steps, shard 5 is the correctors'
+    assert (second["leg"], second["from_step"], second["from_shard"]) == (2, first["to_step"], 4)
+    assert set(second["sources"]) == {"distilled"}
+    assert second["to_step"] > first["to_step"]  # shard 4 pays for steps, shard 5 does not
     (work / STATE_FILE).unlink()  # a new machine: only what was committed
     third = run_leg(cfg, work, hours=1.0, shards=2)
-    assert (third["leg"], third["from_step"], third["from_shard"]) == (3, 6, 6)
-    prompts = json.loads((models / SUMMARY_FILE).read_text())["position"]["next_prompt"]
-    assert prompts >= 8 * 8  # at least every answer written, none handed out twice
+    assert (third["leg"], third["from_step"], third["from_shard"]) == (3, second["to_step"], 6)
+    last = json.loads((models / SUMMARY_FILE).read_text())["position"]
+    assert last["next_prompt"] >= 6 * 8  # at least every answer written, none handed out twice
+    assert last["next_text"] == position["next_text"]  # no teacher-forced shard after shard 1
+
+
+def test_teacher_forced_legs_read_the_text_stream_on(models: Path, tmp_path: Path) -> None:
+    cfg = replace(toy_config(models), teacher_shards=100, teacher_labels=Labels.ARGMAX)
+    work = tmp_path / "work"
+    first = run_leg(cfg, work, hours=1.0, shards=2)
+    after_first = json.loads((models / SUMMARY_FILE).read_text())["position"]
+    (work / STATE_FILE).unlink()
+    second = run_leg(cfg, work, hours=1.0, shards=2)
+    after_second = json.loads((models / SUMMARY_FILE).read_text())["position"]
+    assert set(first["sources"]) == set(second["sources"]) == {"teacher"}
+    assert 16 <= after_first["next_text"] < after_second["next_text"]
+    assert after_second["next_prompt"] == 0  # no engine ever ran
+    assert after_second["teacher_tokens"] == after_second["label_tokens"]
 
 
 def test_a_corrupt_or_foreign_state_stops_the_run(models: Path, tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Run one leg of the long drafter training run for SmolLM2 (resumable, across sessions)."""
 
 import argparse
+import json
 from pathlib import Path
 
 from dcoco.commands.args import positive_int
@@ -24,6 +25,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(default build/train-run)",
     )
     parser.add_argument("--threads", type=positive_int, help="torch threads; default 2")
+    parser.add_argument(
+        "--measure-sources",
+        type=positive_float,
+        metavar="SECONDS",
+        help="instead of a leg: run each data source (teacher forcing with text and with argmax "
+        "labels, self-distillation) for SECONDS and print its label tokens a second as JSON",
+    )
 
 
 def run(args: argparse.Namespace) -> None:
@@ -34,6 +42,11 @@ def run(args: argparse.Namespace) -> None:
     from dcoco.train.run_config import SMOLLM2_RUN
 
     cfg = replace(SMOLLM2_RUN, threads=args.threads or SMOLLM2_RUN.threads)
+    if args.measure_sources:
+        from dcoco.train.run_measure import measure_sources
+
+        print(json.dumps(measure_sources(cfg, args.measure_sources), indent=2))
+        return
     try:
         run_leg(cfg, args.work, args.hours)
     except (CheckpointError, OSError) as problem:

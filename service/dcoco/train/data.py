@@ -5,6 +5,7 @@ evaluation build it, then the answer and `<|im_end|>`, so training sees what inf
 """
 
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
@@ -43,13 +44,28 @@ def tiled_windows(stream: torch.Tensor, length: int, limit: int) -> torch.Tensor
     return stream[starts.unsqueeze(1) + torch.arange(length + 1)].long()  # [N, T+1]
 
 
+class Labels(StrEnum):
+    """Where a block's slot labels come from, for rows with `predicted` (teacher-forced text).
+
+    Rows without it hold the target's own greedy answers, where all three agree.
+    """
+
+    TEXT = "text"  # the text's own next tokens
+    ARGMAX = "argmax"  # the target's argmax after the text's prefix
+    # The target's argmax, up to the first slot whose prefix leaves the target's greedy path
+    # (a text token there that is not the argmax); later slots are unlabelled. Where labelled,
+    # the label is exactly what self-distillation from that anchor would give.
+    AGREED = "agreed"
+
+
 @dataclass(frozen=True)
 class Continuations:
-    """The target's own greedy continuations of training prompts.
+    """Training rows: a prompt, then the target's own greedy continuation or a fixed text.
 
     With `features`, the target's features at every position but a row's last one, computed
-    while generating, so that training needs no target pass: row s's positions are rows
-    offsets[s] .. offsets[s] + lengths[s] - 2 of the flat table.
+    while generating (or in one prefill), so that training needs no target pass: row s's
+    positions are rows offsets[s] .. offsets[s] + lengths[s] - 2 of the flat table. With
+    `predicted`, the rows are fixed text, and `labels` says what the slots learn.
     """
 
     tokens: torch.Tensor  # [S, T] prompt then continuation, padded with <|endoftext|>
@@ -58,6 +74,8 @@ class Continuations:
     features: torch.Tensor | None = None  # [P, F], P = sum(lengths - 1)
     offsets: torch.Tensor | None = None  # [S] where each row's features start
     feature_layers: tuple[int, ...] = ()  # the target layers they come from
+    predicted: torch.Tensor | None = None  # [S, T] the target's argmax for each position
+    labels: Labels = Labels.TEXT  # a training setting, not stored
 
     def save(self, path: Path) -> None:
         torch.save(
@@ -68,6 +86,7 @@ class Continuations:
                 "features": self.features,
                 "offsets": self.offsets,
                 "feature_layers": list(self.feature_layers),
+                "predicted": self.predicted,
             },
             path,
         )
@@ -82,6 +101,7 @@ class Continuations:
             raw.get("features"),
             raw.get("offsets"),
             tuple(raw.get("feature_layers", ())),
+            raw.get("predicted"),
         )
 
     def __len__(self) -> int:
@@ -89,6 +109,7 @@ class Continuations:
 
     def subset(self, rows: torch.Tensor) -> "Continuations":
         offsets = None if self.offsets is None else self.offsets[rows]  # [S']
+        predicted = None if self.predicted is None else self.predicted[rows]  # [S', T]
         return Continuations(
             self.tokens[rows],
             self.prompt_lens[rows],
@@ -96,6 +117,8 @@ class Continuations:
             self.features,
             offsets,
             self.feature_layers,
+            predicted,
+            self.labels,
         )
 
     def batch(
@@ -104,8 +127,9 @@ class Continuations:
         """Rows [N] -> tokens [N, T], anchors [N, A], labels [N, A, B].
 
         Anchors are pending-token positions inside the continuation, where the engine drafts.
-        Slot p's label is the continuation token at anchor + p + 1: the target's greedy choice
-        after the true prefix, i.e. its argmax. Slots past the end are labelled -100.
+        Slot p's label is the token at anchor + p + 1 (on a greedy continuation, the target's
+        argmax after the true prefix), or the target's prediction there (`Labels`). Slots past
+        the end are labelled -100.
         """
         width = int(self.lengths[rows].max())
         tokens = self.tokens[rows, :width]  # [N, T]
@@ -115,8 +139,14 @@ class Continuations:
         starts = low + (draw * span).long()  # [N, A]
         targets = starts.unsqueeze(-1) + torch.arange(1, block + 1)  # [N, A, B]
         valid = targets < self.lengths[rows].view(-1, 1, 1)  # [N, A, B]
-        gathered = tokens.gather(1, targets.clamp(max=width - 1).view(len(rows), -1))  # [N, A*B]
-        labels = torch.where(valid, gathered.view_as(targets), -100)  # [N, A, B]
+        places = targets.clamp(max=width - 1).view(len(rows), -1)  # [N, A*B]
+        source = tokens
+        if self.predicted is not None and self.labels is not Labels.TEXT:
+            source = self.predicted[rows, :width]  # [N, T]
+            if self.labels is Labels.AGREED:
+                valid &= _on_greedy_path(tokens, source, starts, places.view_as(targets))
+        gathered = source.gather(1, places).view_as(targets)  # [N, A, B]
+        labels = torch.where(valid, gathered, -100)  # [N, A, B]
         return tokens, starts, labels
 
     def batch_features(self, rows: torch.Tensor, width: int) -> torch.Tensor:
@@ -130,3 +160,15 @@ class Continuations:
         index = torch.where(inside, index, self.offsets[rows].unsqueeze(1))  # [N, T]
         feats = self.features[index]  # [N, T, F]
         return feats * inside.unsqueeze(-1)  # [N, T, F]
+
+
+def _on_greedy_path(
+    tokens: torch.Tensor, predicted: torch.Tensor, starts: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """tokens, predicted [N, T], anchors [N, A], label positions [N, A, B] -> [N, A, B]: slot
+    p's prefix, text positions anchor + 1 .. anchor + p, all hold the target's argmax."""
+    off = (tokens != predicted).long().cumsum(1)  # [N, T] off-path text tokens so far
+    n, a, b = targets.shape
+    before = off.gather(1, (targets - 1).view(n, -1)).view(n, a, b)  # [N, A, B] up to a + p
+    at_anchor = off.gather(1, starts).unsqueeze(-1)  # [N, A, 1]
+    return before == at_anchor  # [N, A, B]

@@ -92,25 +92,32 @@ def generate_continuations(
 @dataclass(frozen=True)
 class Answer:
     """One finished continuation: its prompt, the target's tokens, and the features at every
-    position but the last ([len(prompt) + len(output) - 1, F]), when kept."""
+    position but the last ([len(prompt) + len(output) - 1, F]), when kept. A fixed text's
+    answer (`run_teacher`) may carry the target's argmax for each position, `predicted`."""
 
     prompt: list[int]
     output: list[int]
     features: torch.Tensor | None
+    predicted: torch.Tensor | None = None  # [len(prompt) + len(output)]
 
 
 def pack(
     answers: list[Answer], width: int, pad: int, feature_layers: tuple[int, ...]
 ) -> Continuations:
-    """Answers as one padded Continuations table of `width` columns."""
+    """Answers as one padded Continuations table of `width` columns; `predicted` is kept
+    when every answer has it."""
     tokens = torch.full((len(answers), width), pad, dtype=torch.int64)  # [S, T]
+    predicted = tokens.clone()  # [S, T]
     for row, answer in enumerate(answers):
         sequence = answer.prompt + answer.output
         tokens[row, : len(sequence)] = torch.tensor(sequence)  # [len]
+        if answer.predicted is not None:
+            predicted[row, : len(sequence)] = answer.predicted  # [len]
     prompt_lens = torch.tensor([len(a.prompt) for a in answers], dtype=torch.int64)  # [S]
     lengths = torch.tensor([len(a.prompt) + len(a.output) for a in answers])  # [S]
+    kept = predicted if all(a.predicted is not None for a in answers) else None
     if not feature_layers:
-        return Continuations(tokens, prompt_lens, lengths)
+        return Continuations(tokens, prompt_lens, lengths, predicted=kept)
     table = torch.cat([a.features for a in answers if a.features is not None])  # [P, F]
     offsets = torch.cumsum(lengths - 1, 0) - (lengths - 1)  # [S]
-    return Continuations(tokens, prompt_lens, lengths, table, offsets, feature_layers)
+    return Continuations(tokens, prompt_lens, lengths, table, offsets, feature_layers, kept)

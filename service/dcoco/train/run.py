@@ -1,10 +1,11 @@
 """`dcoco train-run`: one leg of the long run that continues the shipped SmolLM2 drafters.
 
 A leg, for its wall-clock budget:
-1. alternates generation and DFlash training: the engine answers the run's next prompts
-   (`run_data.Distiller`); every full shard of answers unlocks `steps_per_shard` DFlash steps,
-   each on a batch from one of the newest `window_shards` DFlash shards; every
-   `corrector_every`-th shard is kept for the correctors instead;
+1. alternates making data and DFlash training: the target prefills the run's next prompts with
+   their texts' answers (`run_teacher`), or, past `teacher_shards`, the engine answers them
+   (`run_data.Distiller`); every full shard unlocks a DFlash step per `label_tokens_per_step`
+   of its label tokens, each on a batch from one of the newest `window_shards` DFlash shards;
+   every `corrector_every`-th shard is kept for the correctors instead;
 2. checkpoints every `checkpoint_every_s` (`run_state`), so that a stopped leg resumes;
 3. spends its last `corrector_share` refitting both correctors on the kept shards (joint: the
    averaged DFlash weights with the previous joint corrector, trained on together; frozen: the
@@ -32,7 +33,6 @@ from dcoco.train.drafter_stage import Phase, phase_step, train_drafter
 from dcoco.train.loop import EMA, MIN_LR_FRACTION
 from dcoco.train.run_config import RunConfig
 from dcoco.train.run_data import (
-    Distiller,
     Position,
     answer_tokens,
     concat,
@@ -41,6 +41,7 @@ from dcoco.train.run_data import (
     write_shard,
 )
 from dcoco.train.run_prompts import run_prompts
+from dcoco.train.run_sources import Source, Sources
 from dcoco.train.run_state import fingerprint, load_state, read_summary, save_state, write_summary
 from dcoco.train.vocab import TrainVocab
 
@@ -160,9 +161,13 @@ def run_leg(cfg: RunConfig, work: Path, hours: float, shards: int | None = None)
         cfg.test_percent,
         cfg.seed,
     )
-    generating = load_target(REPO_ROOT / cfg.target_path)  # the engine's copy, in its precision
-    distiller = Distiller(
-        generating, tokenizer, prompts, position, cfg, drafter.config.target_layer_ids
+    sources = Sources(
+        REPO_ROOT / cfg.target_path,
+        tokenizer,
+        prompts,
+        position,
+        cfg,
+        drafter.config.target_layer_ids,
     )
     record: dict[str, Any] = {
         "leg": len(legs) + 1,
@@ -170,11 +175,11 @@ def run_leg(cfg: RunConfig, work: Path, hours: float, shards: int | None = None)
         "hours": hours,
         "from_step": trainer.step,
         "from_shard": position.shards,
-        "from_tokens": position.answer_tokens,
+        "from_tokens": position.label_tokens,
     }
 
     def checkpoint() -> None:
-        position.redo = distiller.outstanding()
+        position.redo = sources.outstanding()
         save_state(
             work,
             {
@@ -187,43 +192,39 @@ def run_leg(cfg: RunConfig, work: Path, hours: float, shards: int | None = None)
         )
 
     dflash_end = wall + hours * 3600 * (1 - cfg.corrector_share)
-    last_save, generating_s, training_s, generated = time.perf_counter(), 0.0, 0.0, 0
+    last_save, training_s = time.perf_counter(), 0.0
+    making = {source: [0.0, 0] for source in Source}  # seconds and label tokens, per source
     loaded: dict[int, Continuations] = {}
     last_shard = position.shards + shards if shards is not None else None
-    while time.perf_counter() < dflash_end and not distiller.exhausted:
+    while time.perf_counter() < dflash_end:
         window = _window(work, position.shards, cfg)
-        trains = window and trainer.step < cfg.steps_per_shard * _dflash_shards(
-            position.shards, cfg
-        )
-        if not trains and position.shards == last_shard:
+        trains = bool(window) and trainer.step < _unlocked_steps(position, cfg)
+        if not trains and (position.shards == last_shard or sources.exhausted):
             break
         t0 = time.perf_counter()
         if trains:
             index = window[trainer.step % len(window)]
             if index not in loaded:
                 loaded = {i: d for i, d in loaded.items() if i in window}
-                loaded[index] = Continuations.load(shard_file(work, index))
+                loaded[index] = replace(
+                    Continuations.load(shard_file(work, index)), labels=cfg.teacher_labels
+                )
             trainer.train(loaded[index])
             training_s += time.perf_counter() - t0
         else:
-            distiller.step()
-            shard = distiller.take_shard()
-            generating_s += time.perf_counter() - t0
+            source = sources.current
+            sources.step()
+            shard = sources.take_shard()
+            making[source][0] += time.perf_counter() - t0
             if shard is not None:
-                write_shard(work, position.shards, shard)
-                tokens = answer_tokens(shard)
-                generated += tokens
-                position.answers += len(shard)
-                position.answer_tokens += tokens
-                if for_corrector(position.shards, cfg):
-                    position.corrector_tokens += tokens
-                position.shards += 1
-                _drop_old(work, position.shards, cfg)
+                tokens = _written(work, shard, source, position, cfg)
+                making[source][1] += tokens
                 losses = ", ".join(f"{k} {v:.3f}" for k, v in trainer.losses.items())
                 print(
-                    f"[run] shard {position.shards}: {position.answer_tokens:,} label tokens; "
-                    f"step {trainer.step} ({losses}); {generated / max(generating_s, 1e-9):.0f} "
-                    f"generated tokens/s",
+                    f"[run] shard {position.shards} ({source}): {position.label_tokens:,} label "
+                    f"tokens; step {trainer.step} ({losses}); "
+                    f"{making[source][1] / max(making[source][0], 1e-9):.0f} {source} label "
+                    "tokens/s",
                     flush=True,
                 )
         if time.perf_counter() - last_save > cfg.checkpoint_every_s:
@@ -233,10 +234,17 @@ def run_leg(cfg: RunConfig, work: Path, hours: float, shards: int | None = None)
     record |= {
         "to_step": trainer.step,
         "to_shard": position.shards,
-        "to_tokens": position.answer_tokens,
-        "generating_s": round(generating_s),
+        "to_tokens": position.label_tokens,
         "training_s": round(training_s),
-        "generated_tokens_per_s": round(generated / max(generating_s, 1e-9), 1),
+        "sources": {
+            str(source): {
+                "seconds": round(seconds),
+                "label_tokens": tokens,
+                "label_tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+            }
+            for source, (seconds, tokens) in making.items()
+            if tokens
+        },
         "dflash_steps_per_s": round(
             (trainer.step - record["from_step"]) / max(training_s, 1e-9), 3
         ),
@@ -262,9 +270,27 @@ def run_leg(cfg: RunConfig, work: Path, hours: float, shards: int | None = None)
     return record
 
 
-def _dflash_shards(shards: int, cfg: RunConfig) -> int:
-    """How many of the first `shards` shards went to DFlash: each unlocks steps_per_shard."""
-    return sum(1 for s in range(shards) if not for_corrector(s, cfg))
+def _unlocked_steps(position: Position, cfg: RunConfig) -> int:
+    """DFlash steps the written DFlash shards pay for: one per label_tokens_per_step."""
+    return (position.label_tokens - position.corrector_tokens) // cfg.label_tokens_per_step
+
+
+def _written(
+    work: Path, shard: Continuations, source: Source, position: Position, cfg: RunConfig
+) -> int:
+    """Writes the next shard, counts it in the position, drops shards no longer needed;
+    returns its label tokens."""
+    write_shard(work, position.shards, shard)
+    tokens = answer_tokens(shard)
+    position.answers += len(shard)
+    position.label_tokens += tokens
+    if source is Source.TEACHER:
+        position.teacher_tokens += tokens
+    if for_corrector(position.shards, cfg):
+        position.corrector_tokens += tokens
+    position.shards += 1
+    _drop_old(work, position.shards, cfg)
+    return tokens
 
 
 def _window(work: Path, shards: int, cfg: RunConfig) -> list[int]:
@@ -300,7 +326,7 @@ def _correctors(
     if not files:
         raise RuntimeError("no kept shard on this machine: the leg was too short for correctors")
     pad = Tokenizer.from_dir(REPO_ROOT / cfg.target_path).token_id(END_OF_TEXT)
-    data = concat([Continuations.load(f) for f in files], pad)
+    data = replace(concat([Continuations.load(f) for f in files], pad), labels=cfg.teacher_labels)
     remaining = max(60.0, deadline - time.perf_counter())
     facts: dict[str, Any] = {"corrector_sequences": len(data)}
     vocab = drafting_vocab(dflash)
@@ -317,14 +343,14 @@ def _correctors(
         drafter, result = train_drafter(
             phase, drafter, target, data, vocab, cfg.drafter, ccfg, cfg.seed + position.shards
         )
-        save_drafter(_shipped(drafter), models / phase.value)
+        save_drafter(shipped(drafter), models / phase.value)
         facts[phase.value] = {"steps": result.steps} | {
             k: round(v, 4) for k, v in result.metrics.items()
         }
     return facts
 
 
-def _shipped(drafter: DFlashDrafter) -> DFlashDrafter:
+def shipped(drafter: DFlashDrafter) -> DFlashDrafter:
     """Weights in bf16 as the shipped folders hold them; the mask vector stays fp32."""
     mask = drafter.mask_embedding
     drafter = drafter.to(torch.bfloat16)
@@ -333,4 +359,4 @@ def _shipped(drafter: DFlashDrafter) -> DFlashDrafter:
 
 
 def _export(models: Path, dflash: DFlashDrafter) -> None:
-    save_drafter(_shipped(dflash), models / Phase.DFLASH.value)
+    save_drafter(shipped(dflash), models / Phase.DFLASH.value)

@@ -1,14 +1,16 @@
 """Settings of the long training run (`dcoco train-run`), with the reason for each default.
 
 A run continues the shipped drafters for far longer than one session: each invocation (a leg)
-generates fresh self-distilled data and trains on it, checkpointing as it goes, and ends by
-refitting both correctors and exporting all three drafters. See `dcoco.train.run`.
+makes fresh data (teacher-forced shards first, then self-distilled ones) and trains on it,
+checkpointing as it goes, and ends by refitting both correctors and exporting all three
+drafters. See `dcoco.train.run`.
 """
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dcoco.train.config import SMOLLM2, CorrectorTrainConfig, DrafterTrainConfig
+from dcoco.train.data import Labels
 
 
 @dataclass(frozen=True)
@@ -31,14 +33,19 @@ class RunConfig:
     # produces labels at about 60% of a teacher-forced prefill's rate (docs/smollm2-model.md).
     batch_size: int = 128
     max_prompt_tokens: int = 512  # chat histories run long; longer ones are skipped
-    max_new_tokens: int = 256
+    max_new_tokens: int = 256  # also where a teacher-forced answer is cut
     precision: str = "bf16"
-    shard_sequences: int = 256  # answers per shard file (about 0.4 GB with features)
+    # Teacher forcing (`run_teacher`): the target's prefill over each prompt and the text's own
+    # answer. The first `teacher_shards` shards are teacher-forced, the rest self-distilled.
+    teacher_shards: int = 1_000_000
+    teacher_labels: Labels = Labels.ARGMAX
+    prefill_tokens: int = 4_096  # padded tokens per prefill pass
+    shard_sequences: int = 256  # answers per shard file (about 0.2-0.4 GB with features)
     corrector_every: int = 4  # every 4th shard is kept from DFlash for the correctors
     window_shards: int = 8  # DFlash steps sample from the newest 8 DFlash shards
-    # DFlash steps per DFlash shard generated: 60 steps (about 85 s on 2 cores) to about 110 s
-    # of generation, and each answer token drawn as an anchor about 0.2 times.
-    steps_per_shard: int = 60
+    # One DFlash step per this many label tokens in DFlash shards: a step draws 8 x 24 anchors,
+    # so each label token is an anchor about 0.3 times.
+    label_tokens_per_step: int = 600
     # The DFlash schedule spans the whole run, not a leg: warm-up, then cosine over this many
     # steps (about 8 CPU-hours with generation); legs carry the step count between them.
     planned_steps: int = 12_000

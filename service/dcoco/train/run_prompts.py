@@ -6,6 +6,10 @@ Three domains, interleaved by weight in a fixed order (a domain that runs out le
 - code: requests built from functions of Python's standard library, as the corpus stage builds;
 - math: the seeded word-problem generator.
 
+Each prompt keeps the text's own answer (the recorded reply, the function's source, the
+generator's worked solution) for teacher-forced training (`run_teacher`); self-distillation
+ignores it.
+
 Nothing evaluated is ever trained on, by two rules: a prompt whose record key falls in the
 held-out split (`corpus.is_held_out`, the split the shipped `heldout/` files come from) is left
 out, and so is any prompt whose text, normalised, equals or starts like a prompt of the held-out
@@ -35,6 +39,7 @@ class RunPrompt:
     domain: str
     key: str  # the record key that decides the split
     messages: tuple[Message, ...]  # the conversation up to and including the user's turn
+    answer: str = ""  # the text's own answer to it; empty where the text has none
 
 
 def normalise(text: str) -> str:
@@ -79,12 +84,16 @@ def prose_prompts(path: Path) -> Iterator[RunPrompt]:
         for turn in turns:
             if not isinstance(turn, dict) or turn.get("from") not in ROLES:
                 break
-            text = str(turn.get("value", "")).strip()
-            role = ROLES[str(turn["from"])]
-            usable = role == "user" and MIN_CHARS <= len(text) <= MAX_CHARS
+            history.append(
+                {"role": ROLES[str(turn["from"])], "content": str(turn.get("value", "")).strip()}
+            )
+        for at, message in enumerate(history):
+            text = message["content"]
+            usable = message["role"] == "user" and MIN_CHARS <= len(text) <= MAX_CHARS
             if usable and sum(not c.isascii() for c in text) <= MAX_NON_ASCII * len(text):
-                yield RunPrompt("prose", key, (*history, {"role": role, "content": text}))
-            history.append({"role": role, "content": text})
+                after = history[at + 1 : at + 2]
+                answer = after[0]["content"] if after and after[0]["role"] == "assistant" else ""
+                yield RunPrompt("prose", key, tuple(history[: at + 1]), answer)
 
 
 def code_prompts(max_chars: int, seed: int) -> Iterator[RunPrompt]:
@@ -93,7 +102,8 @@ def code_prompts(max_chars: int, seed: int) -> Iterator[RunPrompt]:
     for path in stdlib_files(root):
         for record in records_from_file(path, root, max_chars, rng):
             if record.domain == "code":
-                yield RunPrompt("code", record.key, ({"role": "user", "content": record.user},))
+                messages = ({"role": "user", "content": record.user},)
+                yield RunPrompt("code", record.key, messages, record.assistant)
 
 
 def math_prompts(count: int, seed: int) -> Iterator[RunPrompt]:
@@ -101,7 +111,8 @@ def math_prompts(count: int, seed: int) -> Iterator[RunPrompt]:
     for record in math_records(count, seed):
         if record.user not in seen:
             seen.add(record.user)
-            yield RunPrompt("math", record.key, ({"role": "user", "content": record.user},))
+            messages = ({"role": "user", "content": record.user},)
+            yield RunPrompt("math", record.key, messages, record.assistant)
 
 
 def interleave(
