@@ -37,7 +37,12 @@ class RunConfig:
     precision: str = "bf16"
     # Teacher forcing (`run_teacher`): the target's prefill over each prompt and the text's own
     # answer. The first `teacher_shards` shards are teacher-forced, the rest self-distilled.
+    # Teacher forcing makes 190 argmax-labelled tokens a CPU-second here, self-distillation
+    # about a tenth of that (docs/smollm2-model.md), so the run is teacher-forced throughout;
+    # a later run may end on self-distilled shards by setting a count.
     teacher_shards: int = 1_000_000
+    # The target's argmax after the text's prefix: at slot 1 exactly the label the verifier
+    # checks, where the text's own tokens are not (docs/ablations.md has the A/B).
     teacher_labels: Labels = Labels.ARGMAX
     prefill_tokens: int = 4_096  # padded tokens per prefill pass
     shard_sequences: int = 256  # answers per shard file (about 0.2-0.4 GB with features)
@@ -47,9 +52,12 @@ class RunConfig:
     # so each label token is an anchor about 0.3 times.
     label_tokens_per_step: int = 600
     # The DFlash schedule spans the whole run, not a leg: warm-up, then cosine over this many
-    # steps (about 8 CPU-hours with generation); legs carry the step count between them.
-    planned_steps: int = 12_000
-    ema: float = 0.999  # the exported DFlash weights average the last ~1,000 steps
+    # steps, several legs' worth (a leg on the shared 2-core machine makes several hundred);
+    # legs carry the step count between them.
+    planned_steps: int = 6_000
+    # The exported DFlash weights average the last ~200 steps: a leg on a shared machine makes
+    # several hundred, and a longer average would still hold much of the leg's starting point.
+    ema: float = 0.995
     checkpoint_every_s: float = 300.0
     corrector_share: float = 0.2  # of a leg's time, at its end: joint 60%, frozen 40% of it
     drafter: DrafterTrainConfig = field(
