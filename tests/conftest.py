@@ -13,6 +13,16 @@ from factories import distill, make_drafter, make_target
 from stack import RedisServer
 
 
+@pytest.fixture(scope="session", autouse=True)
+def precision_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """`auto` precision caches its measurements: one fresh cache per test session (servers the
+    tests start inherit it), so no test reads what an earlier run on this machine measured."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("DCOCO_CACHE_DIR", str(tmp_path_factory.mktemp("dcoco-cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture(scope="session", params=["qwen3", "llama"])
 def pair(request: pytest.FixtureRequest) -> tuple[CausalLM, DFlashDrafter]:
     """A random target of each family with a distilled (always Qwen3) drafter whose corrector

@@ -105,6 +105,22 @@ def test_a_small_evaluation_writes_results_tables_and_plots(
         assert (tmp_path / f"eval-{plot}.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "int4"])
+def test_coverage_runs_when_no_fixed_block_variant_cast_the_drafters(
+    tmp_path: Path, precision: str
+) -> None:
+    """The coverage pass reads the drafters in the target's precision, even when no variant's
+    engine ever cast them (here: vanilla and adaptive DCOCO only, so DFlash's stays fp32)."""
+    args = ["eval", "--models", str(TINY_MODELS), "--suites", "code", "--limit", "1"]
+    args += ["--max-tokens", "8", "--settings", "greedy-b1", "--out", str(tmp_path)]
+    args += ["--precision", precision, "--variants", "vanilla", "dcoco-adaptive"]
+    assert main(args) == 0
+    results = json.loads((tmp_path / "eval-results.json").read_text())
+    assert results["config"]["precision"] == precision
+    assert set(results["coverage"]) == {"dflash", "dcoco"}
+
+
 def test_the_command_line_offers_exactly_what_the_pipeline_and_runner_know() -> None:
     """The command modules stay light (no torch at import), so they repeat these names."""
     from dcoco.commands import eval as eval_command

@@ -12,9 +12,9 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from dcoco.paths import DEFAULT_DCOCO, DEFAULT_MODEL_NAME, DEFAULT_TARGET
-from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.engine_config import DEFAULT_CACHE_DIR, EngineConfig
 from dcoco.shared.errors import UsageError
-from dcoco.shared.options import Mode, Precision, Rule
+from dcoco.shared.options import DEFAULT_PRECISION, Mode, Precision, Rule
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -109,8 +109,9 @@ class EngineSettings(BaseSettings):
     top_k: int | None = Field(None, ge=1)  # None: the corrector's K
     max_batch_size: int = Field(32, ge=1)  # concurrent sequences sharing each cycle
     max_model_len: int | None = Field(None, ge=16)  # None: the target's max_position_embeddings
-    # bf16: the fast mode (bf16 weights, activations and caches), not bit-exact; fp32: exact.
-    precision: Precision = Precision.BF16
+    # auto: the fastest on this CPU, measured at start (engine/precision.py); fp32: exact.
+    precision: Precision = DEFAULT_PRECISION
+    cache_dir: Path = DEFAULT_CACHE_DIR  # auto precision's measured costs, per CPU and model
     # Verify, each cycle, the prefix of the draft that maximises expected tokens per second,
     # from measured acceptance per slot and measured verify cost; False: always all B, for
     # fixed-B comparisons. Lossless either way.
@@ -128,6 +129,7 @@ class EngineSettings(BaseSettings):
             max_model_len=self.max_model_len,
             eos_token_ids=eos_token_ids,
             precision=self.precision,
+            cache_dir=self.cache_dir,
             adaptive=self.adaptive,
         )
 

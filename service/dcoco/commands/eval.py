@@ -6,6 +6,7 @@ from pathlib import Path
 from dcoco.commands.args import positive_int
 from dcoco.paths import DEFAULT_MODELS, REPO_ROOT
 from dcoco.shared.errors import UsageError
+from dcoco.shared.options import DEFAULT_PRECISION, PRECISION_HELP, Precision
 
 SUITES = ("code", "math", "prose", "humaneval", "gsm8k", "mtbench")
 VARIANTS = (
@@ -52,9 +53,9 @@ def configure(ev: argparse.ArgumentParser) -> None:
     )
     ev.add_argument(
         "--precision",
-        choices=["bf16", "fp32"],
-        default="bf16",
-        help="bf16: fast, not bit-exact; fp32: exact (greedy output equals vanilla's)",
+        choices=[p.value for p in Precision],
+        default=DEFAULT_PRECISION.value,
+        help=PRECISION_HELP,
     )
     ev.add_argument("--max-model-len", type=positive_int, default=1024, help="context per sequence")
     ev.add_argument(

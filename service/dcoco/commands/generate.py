@@ -3,6 +3,7 @@
 import argparse
 
 from dcoco.commands.args import positive_int
+from dcoco.shared.options import PRECISION_HELP, Precision
 
 
 def configure(gen: argparse.ArgumentParser) -> None:
@@ -40,9 +41,8 @@ def configure(gen: argparse.ArgumentParser) -> None:
     gen.add_argument("--max-model-len", type=positive_int, help="default: the target's limit")
     gen.add_argument(
         "--precision",
-        choices=["bf16", "fp32"],
-        help="bf16 (default): fast, not bit-exact; fp32: exact, greedy speculation reproduces "
-        "plain greedy decoding token for token",
+        choices=[p.value for p in Precision],
+        help=PRECISION_HELP,
     )
 
 

@@ -5,6 +5,7 @@ import sys
 
 from dcoco.commands.args import positive_int
 from dcoco.shared.errors import UsageError
+from dcoco.shared.options import PRECISION_HELP, Precision
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -20,7 +21,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rule", choices=["prefix", "global", "discounted"], help="DCOCO_RULE")
     parser.add_argument("--max-batch-size", type=positive_int, help="DCOCO_MAX_BATCH_SIZE")
     parser.add_argument("--max-model-len", type=positive_int, help="DCOCO_MAX_MODEL_LEN")
-    parser.add_argument("--precision", choices=["bf16", "fp32"], help="DCOCO_PRECISION")
+    parser.add_argument(
+        "--precision",
+        choices=[p.value for p in Precision],
+        help=f"DCOCO_PRECISION: {PRECISION_HELP}",
+    )
     parser.add_argument("--metrics-port", type=int, help="DCOCO_METRICS_PORT (0: none)")
     parser.add_argument("--redis-url", help="DCOCO_REDIS_URL")
     parser.add_argument(

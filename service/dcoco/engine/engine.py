@@ -5,6 +5,7 @@ draft, correct, verify, commit. Requests join and leave between steps.
 """
 
 import copy
+import logging
 import time
 from dataclasses import replace
 
@@ -13,16 +14,20 @@ import torch
 from dcoco.engine.checks import check_models
 from dcoco.engine.outputs import Completion, RequestOutput, StepResult
 from dcoco.engine.planner import VerifyPlanner
+from dcoco.engine.precision import CostTable, cost_table, widths
 from dcoco.engine.runner import ContextUpdate, ModelRunner
 from dcoco.engine.scheduler import Scheduler
 from dcoco.engine.sequence import Sequence
 from dcoco.engine.uniforms import position_uniforms, request_key
 from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Precision
 from dcoco.shared.sampling import SamplingParams
 from dcoco.shared.stats import CycleStats, SpecStats
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.spec.verify import sample, target_probs, verify
+
+log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -34,12 +39,21 @@ class Engine:
                 f"max_model_len {cfg.max_model_len} exceeds the target's limit "
                 f"(max_position_embeddings {limit})"
             )
+        self.costs: CostTable | None = None  # measured forward costs, when precision is auto
+        if cfg.precision is Precision.AUTO:
+            self.costs = cost_table(target, widths(cfg.max_batch_size * (block + 1)), cfg.cache_dir)
+            cfg = replace(cfg, precision=self.costs.fastest())
+            log.info(
+                "precision auto: %s, from forward seconds %s", cfg.precision, self.costs.seconds
+            )
         self.cfg = cfg
         self.max_model_len = cfg.max_model_len or limit
         self.block = block  # B, 0 in vanilla mode
         self.runner = ModelRunner(target, drafter, cfg, self.max_model_len, block, top_k)
         self.scheduler = Scheduler(cfg.max_batch_size)
         self.planner = VerifyPlanner(block) if cfg.adaptive and block else None
+        if self.planner is not None and self.costs is not None:
+            self.planner.start_from(self.costs.seconds[cfg.precision.value])
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self._ids: set[str] = set()
 

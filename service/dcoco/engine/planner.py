@@ -90,6 +90,11 @@ class VerifyPlanner:
             return self.block
         return best_k
 
+    def start_from(self, seconds: dict[int, float]) -> None:
+        """Seeds the verify-cost fit with measured forwards: tokens in the forward -> seconds."""
+        for width, spent in seconds.items():
+            self.verify_cost.add(width, spent)
+
     def cost(self, rows: int, k: int) -> float:
         """Predicted seconds of a cycle of `rows` sequences verifying k drafted tokens each."""
         return self.verify_cost(rows * (k + 1)) + (self.fixed_cost(rows) if k else 0.0)

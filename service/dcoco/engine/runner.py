@@ -9,15 +9,14 @@ from dataclasses import dataclass
 import torch
 
 from dcoco.engine.kv_cache import CacheView, KVCache
+from dcoco.engine.precision import ACTIVATIONS, apply_precision
 from dcoco.engine.scheduler import Move
 from dcoco.engine.sequence import Sequence
 from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
-from dcoco.shared.options import Mode, Precision
+from dcoco.shared.options import Mode
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.spec.select import Candidates, Selection, select, token_ids
-
-DTYPES = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -46,10 +45,10 @@ class ModelRunner:
     ) -> None:
         self.target, self.drafter, self.cfg = target, drafter, cfg
         self.block, self.top_k = block, top_k  # B and K
-        dtype = DTYPES[cfg.precision]
+        dtype = ACTIVATIONS[cfg.precision]
         capacity = max_model_len + block + 2  # a verify block past the end, plus scratch
         t = target.config
-        target.to(dtype)  # in place: the models belong to this engine from now on
+        apply_precision(target, cfg.precision)  # in place: the models belong to this engine now
         self.target_cache = KVCache(
             t.num_hidden_layers,
             cfg.max_batch_size,
@@ -63,9 +62,7 @@ class ModelRunner:
         self.drafter_cache: KVCache | None = None
         if drafter is not None:
             d = drafter.config.model
-            drafter.to(dtype)
-            if drafter.mask_embedding is not None:
-                drafter.mask_embedding = drafter.mask_embedding.to(dtype)
+            drafter.cast(dtype)
             self.drafter_cache = KVCache(
                 d.num_hidden_layers,
                 cfg.max_batch_size,

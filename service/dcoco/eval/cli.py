@@ -14,11 +14,13 @@ import torch
 from tqdm import tqdm
 
 from dcoco.checkpoint import CheckpointError, load_drafter, load_target
+from dcoco.engine.precision import cost_table, widths
 from dcoco.eval.coverage import measure_coverage
 from dcoco.eval.plots import acceptance_by_position, coverage_by_depth, speedup_by_suite
 from dcoco.eval.report import goals, markdown, run_record
 from dcoco.eval.runner import SETTINGS, VARIANTS, Measurement, Models, compare_to_vanilla, measure
 from dcoco.paths import REPO_ROOT
+from dcoco.shared.engine_config import DEFAULT_CACHE_DIR
 from dcoco.shared.errors import UsageError
 from dcoco.shared.options import Precision
 from dcoco.spec.drafter import DFlashDrafter
@@ -31,6 +33,8 @@ COVERAGE_DRAFTERS = ("dflash", "dcoco")
 def load_models(folder: Path, needed: set[str], precision: Precision) -> tuple[Models, Tokenizer]:
     tokenizer = Tokenizer.from_dir(folder / "target")
     target = load_target(folder / "target")
+    if precision is Precision.AUTO:  # one choice for every variant, measured once
+        precision = cost_table(target, widths(32), DEFAULT_CACHE_DIR).fastest()
     drafters = {name: load_drafter(folder / name) for name in sorted(needed)}
     fp32 = functools.cache(lambda: load_target(folder / "target"))
     models = Models(target, drafters, tokenizer.eos_token_ids, precision, fp32)
@@ -122,7 +126,8 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], list[Measurement
             "limit": args.limit,
             "max_tokens": args.max_tokens,
             "max_model_len": args.max_model_len,
-            "precision": args.precision,
+            "precision": models.precision.value,
+            "precision_asked": args.precision,
             "threads": torch.get_num_threads(),
             "machine": platform.processor() or platform.machine(),
             "torch": torch.__version__,

@@ -73,7 +73,9 @@ def measure_coverage(
     sequences: list[tuple[list[int], list[int]]],
     top_k: int,
 ) -> Coverage:
-    """sequences: (prompt ids, greedy completion ids) pairs."""
+    """sequences: (prompt ids, greedy completion ids) pairs. Casts the drafter to the target's
+    activation dtype, in place (an engine may have left the target in another precision)."""
+    drafter.cast(target.model.embed_tokens.weight.dtype)
     block = drafter.config.block_size
     result = Coverage.empty(block, top_k)
     for prompt, completion in sequences:

@@ -1,8 +1,11 @@
 """Engine configuration: which drafting mode, and the shapes every cycle uses."""
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dcoco.shared.options import Mode, Precision, Rule
+
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "dcoco"
 
 
 @dataclass(frozen=True)
@@ -16,7 +19,8 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt plus generated tokens; None: the target's limit
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)  # end a sequence on these
     seed: int = 0  # for sampled requests that bring no seed of their own
-    precision: Precision = Precision.FP32  # fp32 is exact; bf16 is faster where AMX exists
+    precision: Precision = Precision.FP32  # fp32 is exact; the others are faster somewhere
+    cache_dir: Path = DEFAULT_CACHE_DIR  # where `auto` precision keeps its measured costs
     # Vanilla mode only: target layers whose outputs every step hands back with its tokens,
     # the features a drafter learns from (training data); empty when serving.
     feature_layers: tuple[int, ...] = ()

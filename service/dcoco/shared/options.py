@@ -16,7 +16,23 @@ class Rule(StrEnum):
 
 
 class Precision(StrEnum):
-    """Weights, activations and KV caches of an engine."""
+    """Weights, activations and KV caches of an engine.
 
+    Only fp32 is exact: in the others, kernel shapes change rounding, so greedy speculation can
+    differ from plain greedy decoding where two tokens' logits nearly tie.
+    """
+
+    AUTO = "auto"  # the fastest of the four below on this CPU, measured at start
     FP32 = "fp32"  # the exact mode: greedy speculation reproduces plain greedy decoding
-    BF16 = "bf16"  # the fast mode; kernel shapes change rounding, so outputs may differ
+    BF16 = "bf16"  # bf16 weights, activations and caches
+    INT8 = "int8"  # int8 weights (a scale per output channel); bf16 activations and caches
+    INT4 = "int4"  # 4-bit weights in groups of 32 (the shipped Q4_1 grid), int8 LM head; bf16
+
+
+# What `dcoco worker`, `serve`, `generate`, `eval` and `bench --embedded` run with unless told.
+DEFAULT_PRECISION = Precision.AUTO
+PRECISION_HELP = (
+    "auto (default): the fastest of the others on this CPU, measured at start and cached; "
+    "fp32: exact (greedy speculation equals plain greedy decoding); bf16; int8 and int4: "
+    "weight-only quantized, bf16 activations"
+)

@@ -142,6 +142,13 @@ class DFlashDrafter(nn.Module):
             embeds[:, 1:] = self.mask_embedding  # [N, B, H]
         return embeds
 
+    def cast(self, dtype: torch.dtype) -> "DFlashDrafter":
+        """Weights and the mask vector in `dtype`, in place."""
+        self.to(dtype)
+        if self.mask_embedding is not None:
+            self.mask_embedding = self.mask_embedding.to(dtype)
+        return self
+
     def logits(self, hidden: torch.Tensor, target_head: nn.Module) -> torch.Tensor:
         """Slot states [..., H] -> logits over the drafting vocabulary [..., V'] (V' = V with
         the target's head); `vocab_ids` names each column's token."""

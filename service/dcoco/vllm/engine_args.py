@@ -105,7 +105,9 @@ def prepare_drafter(settings: WorkerSettings, scratch: Path) -> tuple[Path, int]
     return folder, block
 
 
-DTYPES = {Precision.FP32: "float32", Precision.BF16: "bfloat16"}
+# auto is bf16 in vLLM: its CPU and GPU kernels are built for it. The weight-only int8 and int4
+# precisions are the embedded engine's; vLLM quantizes through its own arguments.
+DTYPES = {Precision.AUTO: "bfloat16", Precision.FP32: "float32", Precision.BF16: "bfloat16"}
 
 
 def engine_kwargs(settings: WorkerSettings, scratch: Path) -> dict[str, Any]:
@@ -120,6 +122,11 @@ def engine_kwargs(settings: WorkerSettings, scratch: Path) -> dict[str, Any]:
     clash = sorted(set(settings.vllm_args) & set(OWNED))
     if clash:
         raise ValueError(f"DCOCO_VLLM_ARGS may not set {clash[0]}; use {OWNED[clash[0]]} instead")
+    if settings.precision not in DTYPES:
+        raise ValueError(
+            f"DCOCO_PRECISION {settings.precision} is the torch engine's; with vLLM use "
+            f"{', '.join(DTYPES)} (and vLLM's quantization arguments in DCOCO_VLLM_ARGS)"
+        )
     drafter = prepare_drafter(settings, scratch)
     kwargs: dict[str, Any] = {
         # DCOCO_PRECISION, never vLLM's "auto", which would run a float32 checkpoint in half

@@ -1,11 +1,15 @@
 """The engine a worker drives, chosen by DCOCO_ENGINE. Each engine's heavy imports (torch, vLLM)
 happen only when it is chosen."""
 
+import logging
+
 from dcoco.settings import WorkerSettings
 from dcoco.shared.errors import UsageError
 from dcoco.shared.protocol import EngineClient
 from dcoco.tokenizer import Tokenizer
 from dcoco.worker.metrics import WorkerMetrics
+
+log = logging.getLogger(__name__)
 
 INSTANT_ANSWER = " the quick brown fox jumps over the lazy dog"
 
@@ -40,7 +44,13 @@ def adopt_engine_metrics(
     settings: WorkerSettings, engine: EngineClient, metrics: WorkerMetrics
 ) -> None:
     """Series an engine measures in processes of its own (vLLM's plugin, in vLLM's worker)
-    replace the worker's own exporters of them."""
+    replace the worker's own exporters of them; the torch engine's precision is exported."""
+    if settings.engine == "torch":
+        torch_engine = engine.engine  # type: ignore[attr-defined]
+        costs = torch_engine.costs
+        precision = torch_engine.cfg.precision.value
+        metrics.record_precision(precision, costs.seconds if costs is not None else {})
+        log.info("engine precision %s (asked: %s)", precision, settings.precision.value)
     if settings.engine == "vllm":
         from dcoco.vllm.metrics import PLUGIN_SERIES
 

@@ -17,7 +17,7 @@ Useful PromQL (all series carry `model`):
           sum by (le) (rate(dcoco_spec_cycle_seconds_bucket{phase="total"}[5m])))
 """
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.registry import Collector
 
 from dcoco.shared.stats import CycleStats
@@ -105,6 +105,25 @@ class WorkerMetrics:
             ["model", "outcome"],
             registry=registry,
         )
+
+    def record_precision(self, precision: str, seconds: dict[str, dict[int, float]]) -> None:
+        """The engine's precision, and the forward costs `auto` chose it from (none when the
+        precision was set explicitly)."""
+        Gauge(
+            "dcoco_engine_precision_info",
+            "The precision the engine runs in (value 1)",
+            ["model", "precision"],
+            registry=self.registry,
+        ).labels(self.model, precision).set(1)
+        forward = Gauge(
+            "dcoco_engine_forward_seconds",
+            "Measured seconds of one target forward over `tokens` tokens, per precision",
+            ["model", "precision", "tokens"],
+            registry=self.registry,
+        )
+        for name, row in seconds.items():
+            for tokens, spent in row.items():
+                forward.labels(self.model, name, str(tokens)).set(spent)
 
     def defer_to(self, collector: Collector, names: tuple[str, ...]) -> None:
         """Serves the series `names` from `collector` (an engine that measures them in another

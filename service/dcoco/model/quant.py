@@ -1,0 +1,79 @@
+"""Weight-only quantized linears for the engine, on torch's own CPU kernels.
+
+- int8: one scale per output channel (`torch._weight_int8pack_mm`).
+- int4: asymmetric, a scale and a minimum per group of 32 input channels
+  (`torch._weight_int4pack_mm_for_cpu`). That is GGUF's Q4_1 layout, the one SmolLM2's linears
+  ship in: their dequantized weights sit on this grid, so requantizing recovers the shipped
+  4-bit values; only the group's scale and minimum are rounded to bf16.
+
+Activations stay bf16: both kernels are fast only there (int4 with fp32 activations runs 17x
+slower). The LM head is int8 in both modes (it ships as Q8_0); the embedding it may be tied to
+stays as it was, since lookups need whole rows.
+"""
+
+import torch
+from torch import nn
+
+GROUP = 32  # int4 input channels per scale: Q4_1's block
+TINY = 1e-12  # the smallest scale: an all-zero row or group quantizes to zeros
+
+
+class Int8Linear(nn.Module):
+    weight: torch.Tensor  # [N, K] int8
+    scale: torch.Tensor  # [N] bf16
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        """weight [N, K] in any float dtype."""
+        super().__init__()
+        w = weight.detach().float()  # [N, K]
+        scale = w.abs().amax(1).clamp(min=TINY) / 127  # [N]
+        self.register_buffer("weight", (w / scale[:, None]).round().to(torch.int8))  # [N, K]
+        self.register_buffer("scale", scale.bfloat16())  # [N]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K] bf16
+        out = torch._weight_int8pack_mm(flat, self.weight, self.scale)  # [M, N]
+        return out.view(*x.shape[:-1], out.shape[-1])  # [..., N]
+
+
+class Int4Linear(nn.Module):
+    packed: torch.Tensor  # [N, K/2] uint8, the kernel's layout
+    scale_zero: torch.Tensor  # [K/32, N, 2] bf16
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        """weight [N, K] in any float dtype, K a multiple of GROUP."""
+        super().__init__()
+        n, k = weight.shape
+        if k % GROUP:
+            raise ValueError(f"int4 needs input widths divisible by {GROUP}; this one is {k}")
+        groups = weight.detach().float().view(n, k // GROUP, GROUP)  # [N, G, 32]
+        low, high = groups.amin(-1), groups.amax(-1)  # [N, G] each
+        scale = ((high - low) / 15).clamp(min=TINY)  # [N, G]
+        levels = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)  # [N, G, 32]
+        self.register_buffer(
+            "packed",
+            torch._convert_weight_to_int4pack_for_cpu(levels.to(torch.int32).view(n, k), 1),
+        )  # [N, K/2] uint8
+        # The kernel computes (level - 8) * scale + zero, so zero = low + 8 * scale.
+        scale_zero = torch.stack([scale, low + 8 * scale], dim=-1)  # [N, G, 2]
+        self.register_buffer(
+            "scale_zero", scale_zero.transpose(0, 1).contiguous().bfloat16()
+        )  # [G, N, 2]
+        self.out_features = n
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K] bf16
+        out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scale_zero)
+        return out.view(*x.shape[:-1], self.out_features)  # [..., N]
+
+
+def quantize_linears(module: nn.Module, bits: int) -> None:
+    """Replaces every nn.Linear under `module` (in place) by its weight-only quantized form."""
+    kind = Int4Linear if bits == 4 else Int8Linear
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            if child.bias is not None:
+                raise ValueError(f"{name}: quantized linears carry no bias")
+            setattr(module, name, kind(child.weight))
+        else:
+            quantize_linears(child, bits)

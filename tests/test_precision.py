@@ -1,0 +1,138 @@
+"""The engine's precisions: weight-only int8 and int4 linears, and `auto`'s measured choice."""
+
+import copy
+import json
+import logging
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dcoco.engine.engine import Engine
+from dcoco.engine.precision import (
+    CostTable,
+    apply_precision,
+    cache_file,
+    cost_table,
+    current_precision,
+    widths,
+)
+from dcoco.model.causal_lm import CausalLM
+from dcoco.model.quant import GROUP, Int4Linear, Int8Linear
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode, Precision
+from dcoco.shared.sampling import SamplingParams
+from dcoco.spec.drafter import DFlashDrafter
+from factories import make_target
+
+
+def q4_1_grid(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights as GGUF's Q4_1 stores them: levels 0..15 (both ends used) times a scale plus a
+    minimum per group of 32; returns the dequantized weights and the levels."""
+    g = torch.Generator().manual_seed(0)
+    levels = torch.randint(0, 16, (rows, cols // GROUP, GROUP), generator=g)  # [N, G, 32]
+    levels[..., 0], levels[..., 1] = 0, 15
+    scale = torch.rand(rows, cols // GROUP, 1, generator=g).bfloat16().float() / 50  # [N, G, 1]
+    low = -8 * scale  # [N, G, 1]: zero = low + 8 * scale = 0, exact in bf16
+    return (levels * scale + low).view(rows, cols), levels.view(rows, cols)
+
+
+def test_int4_recovers_weights_on_the_q4_1_grid_exactly() -> None:
+    weight, _ = q4_1_grid(64, 96)  # [N, K]
+    x = torch.randn(5, 96).bfloat16()  # [M, K]
+    out = Int4Linear(weight)(x)  # [M, N]
+    exact = F.linear(x.float(), weight)  # [M, N]
+    assert out.shape == (5, 64)
+    # Only the bf16 output rounds: the weights themselves came back exactly.
+    torch.testing.assert_close(out.float(), exact, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(out, F.linear(x, weight.bfloat16()), rtol=0, atol=2e-2)
+
+
+def test_int8_is_close_per_channel_and_keeps_leading_shapes() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(48, 64) * torch.logspace(-2, 0, 48).unsqueeze(1)  # rows of every scale
+    x = torch.randn(2, 3, 64).bfloat16()  # [N, T, K]
+    out = Int8Linear(weight)(x)  # [N, T, 48]
+    assert out.shape == (2, 3, 48)
+    exact = F.linear(x.float(), weight)  # [N, T, 48]
+    error = (out.float() - exact).abs().amax(-1) / exact.abs().amax(-1)  # [N, T]
+    assert float(error.max()) < 0.03
+
+
+def test_int4_refuses_widths_off_its_groups() -> None:
+    with pytest.raises(ValueError, match="divisible by 32"):
+        Int4Linear(torch.randn(8, 40))
+
+
+def test_quantizing_is_one_way() -> None:
+    target = make_target(hidden=64, vocab=64)
+    apply_precision(target, Precision.INT4)
+    assert current_precision(target) is Precision.INT4
+    assert isinstance(target.lm_head, Int8Linear)
+    assert target.model.embed_tokens.weight.dtype == torch.bfloat16  # lookups stay whole
+    apply_precision(target, Precision.INT4)  # already there: nothing happens
+    with pytest.raises(ValueError, match="already int4"):
+        apply_precision(target, Precision.FP32)
+
+
+@pytest.mark.parametrize("precision", [Precision.INT8, Precision.INT4])
+def test_speculation_runs_and_mostly_matches_plain_decoding(
+    pair: tuple[CausalLM, DFlashDrafter], precision: Precision
+) -> None:
+    """Not exact outside fp32 (kernel shapes change rounding), but a random model's greedy
+    output barely moves, and drafts are verified by the same quantized target."""
+    prompts = [[1, 2, 3], [5, 6, 7, 8], [9]]
+    params = SamplingParams(max_tokens=24)
+
+    def run(mode: Mode) -> tuple[list[list[int]], int]:
+        cfg = EngineConfig(mode=mode, max_batch_size=3, max_model_len=64, precision=precision)
+        target, drafter = copy.deepcopy(pair)
+        engine = Engine(target, drafter if mode is not Mode.VANILLA else None, cfg)
+        completions, cycles = engine.generate(prompts, params)
+        return [c.token_ids for c in completions], sum(c.accepted_tokens for c in cycles)
+
+    (plain, _), (speculated, accepted) = run(Mode.VANILLA), run(Mode.DCOCO)
+    assert accepted > 0
+    pairs = zip(plain, speculated, strict=True)
+    same = sum(a == b for p, s in pairs for a, b in zip(p, s, strict=True))
+    assert same >= 0.8 * sum(len(p) for p in plain)
+
+
+def test_the_fastest_is_the_lowest_geometric_mean() -> None:
+    table = CostTable(
+        {
+            "fp32": {1: 0.060, 16: 0.140},  # geometric mean 0.092
+            "bf16": {1: 0.024, 16: 0.280},  # 0.082
+            "int4": {1: 0.010, 16: 0.900},  # 0.095: fastest alone, slowest verifying
+        },
+        threads=2,
+    )
+    assert table.fastest() is Precision.BF16
+    assert widths(4 * 16) == (1, 2, 4, 8, 16, 32)
+    assert widths(3) == (1, 2)
+
+
+def test_auto_measures_once_caches_and_survives_a_corrupt_cache(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    target = make_target(hidden=64, vocab=64)
+    cfg = EngineConfig(mode=Mode.VANILLA, max_batch_size=2, max_model_len=32, cache_dir=tmp_path)
+    engine = Engine(copy.deepcopy(target), None, replace(cfg, precision=Precision.AUTO))
+    assert engine.costs is not None
+    assert engine.cfg.precision is engine.costs.fastest()
+    assert set(engine.costs.seconds) == {"fp32", "bf16", "int8", "int4"}
+    assert set(engine.costs.seconds["fp32"]) == {1, 2}  # up to max_batch_size tokens
+    cached = json.loads(cache_file(tmp_path).read_text())
+    assert len(cached) == 1
+
+    again = cost_table(target, (1, 2), tmp_path)
+    assert again == engine.costs  # read back, not measured
+
+    cache_file(tmp_path).write_text("{not json")
+    with caplog.at_level(logging.WARNING):
+        fresh = cost_table(target, (1, 2), tmp_path)
+    assert "unreadable" in caplog.text
+    assert set(fresh.seconds) == {"fp32", "bf16", "int8", "int4"}
+    assert json.loads(cache_file(tmp_path).read_text())  # rewritten whole
