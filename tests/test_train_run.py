@@ -104,6 +104,23 @@ def test_teacher_forced_legs_read_the_text_stream_on(models: Path, tmp_path: Pat
     assert after_second["teacher_tokens"] == after_second["label_tokens"]
 
 
+def test_a_leg_without_a_kept_shard_ships_dflash_and_keeps_the_correctors(
+    models: Path, tmp_path: Path
+) -> None:
+    cfg = replace(toy_config(models), teacher_shards=100)
+    kept = {
+        name: (models / name / "model.safetensors").read_bytes()
+        for name in ("dcoco", "dcoco-frozen")
+    }
+    dflash = (models / "dflash" / "model.safetensors").read_bytes()
+    record = run_leg(cfg, tmp_path / "work", hours=1.0, shards=1)  # shard 0 is DFlash's
+    assert record["correctors"] == "not refitted: no kept shard yet"
+    assert record["to_step"] > 0
+    assert (models / "dflash" / "model.safetensors").read_bytes() != dflash
+    for name, weights in kept.items():
+        assert (models / name / "model.safetensors").read_bytes() == weights
+
+
 def test_a_corrupt_or_foreign_state_stops_the_run(models: Path, tmp_path: Path) -> None:
     cfg, work = toy_config(models), tmp_path / "work"
     work.mkdir()

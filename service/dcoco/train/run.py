@@ -7,10 +7,10 @@ A leg, for its wall-clock budget:
    of its label tokens, each on a batch from one of the newest `window_shards` DFlash shards;
    every `corrector_every`-th shard is kept for the correctors instead;
 2. checkpoints every `checkpoint_every_s` (`run_state`), so that a stopped leg resumes;
-3. spends its last `corrector_share` refitting both correctors on the kept shards (joint: the
-   averaged DFlash weights with the previous joint corrector, trained on together; frozen: the
-   previous frozen corrector on the averaged DFlash weights), then exports the three drafters
-   and the run summary beside them, ready to commit.
+3. spends its last `corrector_share` refitting both correctors on the kept shards
+   (`run_correctors`; joint: the averaged DFlash weights with the previous joint corrector,
+   trained on together; frozen: the previous frozen corrector on the averaged DFlash weights),
+   then exports the three drafters and the run summary beside them, ready to commit.
 """
 
 import math
@@ -26,16 +26,21 @@ from dcoco.checkpoint import load_drafter, load_target, save_drafter
 from dcoco.model.causal_lm import CausalLM
 from dcoco.paths import REPO_ROOT
 from dcoco.spec.drafter import DFlashDrafter
-from dcoco.tokenizer import END_OF_TEXT, Tokenizer
+from dcoco.tokenizer import Tokenizer
 from dcoco.train.corpus_chat import sharegpt_file
 from dcoco.train.data import Continuations
-from dcoco.train.drafter_stage import Phase, phase_step, train_drafter
+from dcoco.train.drafter_stage import Phase, phase_step
 from dcoco.train.loop import EMA, MIN_LR_FRACTION
 from dcoco.train.run_config import RunConfig
+from dcoco.train.run_correctors import (
+    CORRECTOR_SHARDS,
+    drafting_vocab,
+    refit_correctors,
+    shipped,
+)
 from dcoco.train.run_data import (
     Position,
     answer_tokens,
-    concat,
     for_corrector,
     shard_file,
     write_shard,
@@ -43,9 +48,6 @@ from dcoco.train.run_data import (
 from dcoco.train.run_prompts import run_prompts
 from dcoco.train.run_sources import Source, Sources
 from dcoco.train.run_state import fingerprint, load_state, read_summary, save_state, write_summary
-from dcoco.train.vocab import TrainVocab
-
-CORRECTOR_SHARDS = 8  # the newest kept shards the correctors train on
 
 
 def schedule(step: int, since_resume: int, cfg: RunConfig) -> float:
@@ -119,13 +121,6 @@ class DFlashTrainer:
 def _trained(name: str) -> bool:
     """The parameters the DFlash phase trains, in `phase_optimizer`'s order."""
     return not name.startswith(("corrector.", "lm_head."))
-
-
-def drafting_vocab(drafter: DFlashDrafter) -> TrainVocab:
-    """The tokens the drafter drafts over: its reduced vocabulary, or the target's."""
-    vocab = drafter.config.model.vocab_size
-    ids = drafter.vocab_ids
-    return TrainVocab.full(vocab) if ids is None else TrainVocab.of_ids(ids, vocab)
 
 
 def run_leg(cfg: RunConfig, work: Path, hours: float, shards: int | None = None) -> dict[str, Any]:
@@ -251,8 +246,8 @@ def run_leg(cfg: RunConfig, work: Path, hours: float, shards: int | None = None)
         "dflash_losses": {k: round(v, 4) for k, v in trainer.losses.items()},
     }
     dflash = trainer.averaged()
-    record |= _correctors(cfg, work, models, dflash, target, position, deadline)
-    _export(models, dflash)
+    record |= refit_correctors(cfg, work, models, dflash, target, position, deadline)
+    save_drafter(shipped(dflash), models / Phase.DFLASH.value)
     record["seconds"] = round(time.perf_counter() - wall)
     legs.append(record)
     checkpoint()
@@ -309,54 +304,3 @@ def _drop_old(work: Path, shards: int, cfg: RunConfig) -> None:
     kept = [s for s in range(shards) if for_corrector(s, cfg)]
     for s in dflash[: -cfg.window_shards] + kept[:-CORRECTOR_SHARDS]:
         shard_file(work, s).unlink(missing_ok=True)
-
-
-def _correctors(
-    cfg: RunConfig,
-    work: Path,
-    models: Path,
-    dflash: DFlashDrafter,
-    target: CausalLM,
-    position: Position,
-    deadline: float,
-) -> dict[str, Any]:
-    """Both correctors refitted on the kept shards over the rest of the leg's time."""
-    kept = [s for s in range(position.shards) if for_corrector(s, cfg)]
-    files = [shard_file(work, s) for s in kept if shard_file(work, s).exists()][-CORRECTOR_SHARDS:]
-    if not files:
-        raise RuntimeError("no kept shard on this machine: the leg was too short for correctors")
-    pad = Tokenizer.from_dir(REPO_ROOT / cfg.target_path).token_id(END_OF_TEXT)
-    data = replace(concat([Continuations.load(f) for f in files], pad), labels=cfg.teacher_labels)
-    remaining = max(60.0, deadline - time.perf_counter())
-    facts: dict[str, Any] = {"corrector_sequences": len(data)}
-    vocab = drafting_vocab(dflash)
-    for phase, share in ((Phase.JOINT, 0.6), (Phase.FROZEN, 0.4)):
-        previous = load_drafter(models / phase.value)
-        drafter = DFlashDrafter(replace(dflash.config, corrector=previous.config.corrector))
-        drafter.load_state_dict(dflash.state_dict(), strict=False)
-        assert drafter.corrector is not None
-        assert previous.corrector is not None
-        drafter.corrector.load_state_dict(previous.corrector.state_dict())
-        drafter.mask_embedding = dflash.mask_embedding
-        budget = remaining * share
-        ccfg = replace(cfg.corrector, joint_budget_s=budget, frozen_budget_s=budget)
-        drafter, result = train_drafter(
-            phase, drafter, target, data, vocab, cfg.drafter, ccfg, cfg.seed + position.shards
-        )
-        save_drafter(shipped(drafter), models / phase.value)
-        facts[phase.value] = {"steps": result.steps} | {
-            k: round(v, 4) for k, v in result.metrics.items()
-        }
-    return facts
-
-
-def shipped(drafter: DFlashDrafter) -> DFlashDrafter:
-    """Weights in bf16 as the shipped folders hold them; the mask vector stays fp32."""
-    mask = drafter.mask_embedding
-    drafter = drafter.to(torch.bfloat16)
-    drafter.mask_embedding = None if mask is None else mask.float()
-    return drafter
-
-
-def _export(models: Path, dflash: DFlashDrafter) -> None:
-    save_drafter(shipped(dflash), models / Phase.DFLASH.value)

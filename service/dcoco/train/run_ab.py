@@ -29,8 +29,9 @@ from dcoco.spec.drafter import DFlashDrafter
 from dcoco.tokenizer import END_OF_TEXT, Tokenizer
 from dcoco.train.corpus_chat import sharegpt_file
 from dcoco.train.data import Continuations, Labels
-from dcoco.train.run import DFlashTrainer, shipped
+from dcoco.train.run import DFlashTrainer
 from dcoco.train.run_config import SMOLLM2_RUN, RunConfig
+from dcoco.train.run_correctors import shipped
 from dcoco.train.run_data import answer_tokens, concat, write_shard
 from dcoco.train.run_measure import cpu_seconds
 from dcoco.train.run_prompts import run_prompts
@@ -84,6 +85,8 @@ def train_arm(
     cpu, record = cpu_seconds(), {}
     while trainer.step < steps:
         trainer.train(data)
+        if trainer.step % 20 == 0:
+            print(f"[ab] step {trainer.step}, {cpu_seconds() - cpu:.0f} CPU-s", flush=True)
         if trainer.step in export_at:
             folder = out / f"step-{trainer.step}"
             _models_folder(models, folder, _trained(trainer))

@@ -34,8 +34,8 @@ from dcoco.spec.corrector import Corrector
 from dcoco.tokenizer import END_OF_TEXT, Tokenizer
 from dcoco.train.data import Continuations
 from dcoco.train.drafter_stage import Phase, train_drafter, with_corrector
-from dcoco.train.run import drafting_vocab, shipped
 from dcoco.train.run_config import SMOLLM2_RUN, RunConfig
+from dcoco.train.run_correctors import drafting_vocab, shipped
 from dcoco.train.run_data import concat
 from dcoco.train.run_measure import cpu_seconds
 
