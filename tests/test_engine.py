@@ -236,3 +236,35 @@ def test_usage_counts_only_accepted_tokens_that_reached_the_output(pair: Pair) -
     assert sum(c.accepted_tokens for c in cycles) >= sum(
         c.stats.accepted_tokens for c in completions
     )
+
+
+@pytest.mark.parametrize("mode", [Mode.VANILLA, Mode.DCOCO])
+def test_long_prompts_join_in_chunks_while_others_decode(pair: Pair, mode: Mode) -> None:
+    """With a stream decoding, new prompts are prefilled 16 tokens a step each: the stream
+    gets tokens every step, and a short prompt done first swaps slots with a long one still
+    prefilling (all three slots taken). Every output is still the target's own."""
+    eng = engine(pair, mode, batch=3, prefill_tokens=8)
+    prompts = {
+        "r0": [3, 1, 4],
+        "p1": [1, 5, 9, 2, 6, 5, 3, 5, 8, 9],
+        "p2": [i % 14 for i in range(60)],
+    }
+    outputs: dict[str, list[int]] = {name: [] for name in prompts}
+    eng.add_request("r0", prompts["r0"], SamplingParams(max_tokens=60))
+    outputs["r0"] += [t for out in eng.step().outputs for t in out.new_token_ids]
+    for name in ("p1", "p2"):
+        eng.add_request(name, prompts[name], SamplingParams(max_tokens=20))
+    steps_until_p2 = 0
+    while eng.has_unfinished():
+        step = eng.step()
+        emitted = {out.request_id for out in step.outputs}
+        if not outputs["p2"]:
+            steps_until_p2 += 1
+            assert "r0" in emitted  # the stream never waits for the long prompt
+        for out in step.outputs:
+            outputs[out.request_id] += out.new_token_ids
+        slots = [s.slot for s in eng.scheduler.running]
+        assert slots == list(range(len(slots)))
+    assert steps_until_p2 == 4  # 60 prompt tokens, 16 a step
+    for name, prompt in prompts.items():
+        assert outputs[name] == greedy_reference(pair[0], prompt, 60 if name == "r0" else 20)

@@ -108,6 +108,8 @@ class EngineSettings(BaseSettings):
     num_speculative_tokens: int | None = Field(None, ge=1)  # None: the drafter's block size
     top_k: int | None = Field(None, ge=1)  # None: the corrector's K
     max_batch_size: int = Field(32, ge=1)  # concurrent sequences sharing each cycle
+    # prompt tokens a step may prefill while streams decode (chunked prefill)
+    prefill_tokens: int = Field(256, ge=1)
     max_model_len: int | None = Field(None, ge=16)  # None: the target's max_position_embeddings
     # auto: the fastest on this CPU, measured at start (engine/precision.py); fp32: exact.
     precision: Precision = DEFAULT_PRECISION
@@ -126,6 +128,7 @@ class EngineSettings(BaseSettings):
             num_speculative_tokens=self.num_speculative_tokens,
             top_k=self.top_k,
             max_batch_size=self.max_batch_size,
+            prefill_tokens=self.prefill_tokens,
             max_model_len=self.max_model_len,
             eos_token_ids=eos_token_ids,
             precision=self.precision,

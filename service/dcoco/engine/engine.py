@@ -29,6 +29,8 @@ from dcoco.spec.verify import sample, target_probs, verify
 
 log = logging.getLogger(__name__)
 
+MIN_CHUNK = 16  # prompt tokens a prefilling sequence gets per step at least
+
 
 class Engine:
     def __init__(self, target: CausalLM, drafter: DFlashDrafter | None, cfg: EngineConfig) -> None:
@@ -98,9 +100,9 @@ class Engine:
     @torch.inference_mode()
     def step(self) -> StepResult:
         result = StepResult()
-        admitted = self.scheduler.admit()
-        if admitted:
-            self._prefill(admitted, result)
+        self.scheduler.admit()
+        if self.scheduler.prefilling:
+            self._prefill(result)
             self._release_finished()
         active = self.scheduler.running
         if active:
@@ -139,13 +141,32 @@ class Engine:
         ]
         return completions, cycles
 
-    def _prefill(self, seqs: list[Sequence], result: StepResult) -> None:
-        logits, context = self.runner.prefill(seqs)  # [N, V]
+    def _prefill(self, result: StepResult) -> None:
+        """One chunk of every prompt being prefilled; a prompt now wholly cached gets its first
+        token and its sequence joins the running ones."""
+        seqs = self.scheduler.prefilling
+        chunks = self._chunks(seqs)
+        logits, context = self.runner.prefill(seqs, chunks)  # [N, V]
         self.runner.extend_context(context)
-        first = self._sample(seqs, logits).tolist()  # [N]
-        for row, (seq, token) in enumerate(zip(seqs, first, strict=True)):
-            seq.num_cached = len(seq.prompt_ids)
-            self._emit(seq, [token], result, self._features(context, row, seq.num_cached))
+        for seq, chunk in zip(seqs, chunks, strict=True):
+            seq.num_cached += chunk
+        rows = [row for row, seq in enumerate(seqs) if seq.num_cached == len(seq.prompt_ids)]
+        done = [seqs[row] for row in rows]
+        if done:
+            first = self._sample(done, logits[rows]).tolist()  # [D]
+            for row, seq, token in zip(rows, done, first, strict=True):
+                self._emit(seq, [token], result, self._features(context, row, seq.num_cached))
+        self.runner.move(self.scheduler.prefilled(done))
+
+    def _chunks(self, seqs: list[Sequence]) -> list[int]:
+        """Prompt tokens each sequence prefills this step: all that remain while nothing is
+        decoding (or features are collected, which needs whole prompts); otherwise an equal
+        share of prefill_tokens each."""
+        remaining = [len(s.prompt_ids) - s.num_cached for s in seqs]
+        if not self.scheduler.running or self.cfg.feature_layers:
+            return remaining
+        share = max(MIN_CHUNK, self.cfg.prefill_tokens // len(seqs))
+        return [min(left, share) for left in remaining]
 
     def _decode(self, seqs: list[Sequence], result: StepResult) -> CycleStats:
         """One plain step: vanilla mode, or a speculative cycle that verifies nothing."""

@@ -51,7 +51,7 @@ class ModelRunner:
         apply_precision(target, cfg.precision)  # in place: the models belong to this engine now
         self.target_cache = KVCache(
             t.num_hidden_layers,
-            cfg.max_batch_size,
+            cfg.max_batch_size + 1,  # a spare slot for swaps (`Scheduler`)
             t.num_key_value_heads,
             t.head_dim,
             capacity,
@@ -65,7 +65,7 @@ class ModelRunner:
             drafter.cast(dtype)
             self.drafter_cache = KVCache(
                 d.num_hidden_layers,
-                cfg.max_batch_size,
+                cfg.max_batch_size + 1,  # a spare slot for swaps (`Scheduler`)
                 d.num_key_value_heads,
                 d.head_dim,
                 capacity,
@@ -74,17 +74,26 @@ class ModelRunner:
             drafter.rotary.reserve(capacity, dtype)
             self.feature_layers = drafter.config.target_layer_ids
 
-    def prefill(self, seqs: list[Sequence]) -> tuple[torch.Tensor, ContextUpdate]:
-        """Caches every prompt; returns the next-token logits [N, V] after each prompt."""
-        lengths = torch.tensor([len(s.prompt_ids) for s in seqs])  # [N]
-        width = int(lengths.max())
+    def prefill(
+        self, seqs: list[Sequence], chunks: list[int]
+    ) -> tuple[torch.Tensor, ContextUpdate]:
+        """Caches the next chunks[i] prompt tokens of each sequence, after its num_cached;
+        returns the next-token logits [N, V] after each row's chunk."""
+        starts = torch.tensor([s.num_cached for s in seqs]).unsqueeze(1)  # [N, 1]
+        lengths = torch.tensor(chunks)  # [N]
+        width = max(chunks)
         ids = torch.tensor(
-            [s.prompt_ids + [0] * (width - len(s.prompt_ids)) for s in seqs]
+            [
+                s.prompt_ids[s.num_cached : s.num_cached + n] + [0] * (width - n)
+                for s, n in zip(seqs, chunks, strict=True)
+            ]
         )  # [N, T]
         offsets = torch.arange(width).expand(len(seqs), width)  # [N, T]
         valid = offsets < lengths.unsqueeze(1)  # [N, T]
-        positions = torch.where(valid, offsets, self.target_cache.scratch)  # [N, T]
-        view = CacheView.build(_first_slot(seqs), positions, torch.where(valid, offsets, 0), width)
+        positions = torch.where(valid, starts + offsets, self.target_cache.scratch)  # [N, T]
+        limits = torch.where(valid, starts + offsets, 0)  # [N, T]
+        length = int((starts.squeeze(1) + lengths).max())
+        view = CacheView.build(_first_slot(seqs), positions, limits, length)
         hidden, feats = self._target(ids, view)  # [N, T, H], [N, T, F]
         last = hidden[torch.arange(len(seqs)), lengths - 1]  # [N, H]
         return self.target.logits(last), self._context(view, feats)  # [N, V]

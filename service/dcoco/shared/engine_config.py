@@ -16,6 +16,10 @@ class EngineConfig:
     num_speculative_tokens: int | None = None  # B; None takes the drafter's trained block size
     top_k: int | None = None  # K; None takes the corrector's trained K
     max_batch_size: int = 32  # sequences sharing one cycle; also the KV-cache slot count
+    # Prompt tokens one step may prefill while other sequences are decoding, shared among the
+    # prompts being prefilled: a long prompt joins over several steps instead of stalling every
+    # stream for its whole prefill. With nothing decoding, prompts are prefilled whole.
+    prefill_tokens: int = 256
     max_model_len: int | None = None  # prompt plus generated tokens; None: the target's limit
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)  # end a sequence on these
     seed: int = 0  # for sampled requests that bring no seed of their own
@@ -31,6 +35,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
+        if self.prefill_tokens < 1:
+            raise ValueError("prefill_tokens must be at least 1")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")
         if self.num_speculative_tokens is not None and self.num_speculative_tokens < 1:
