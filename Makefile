@@ -99,6 +99,9 @@ bench:
 		--limit $(BENCH_LIMIT) --concurrency $(BENCH_CONCURRENCY) \
 		--max-tokens $(BENCH_MAX_TOKENS) --out $(BENCH_OUT)
 
+# This machine's memory floor, plain decoding in every precision at batch 1 and 8, speculation at
+# batch 1, llama.cpp on the same GGUF file (when llama-cpp-python is installed: an optional,
+# source-built baseline, never part of setup) and a long prompt joining decoding streams.
 bench-core:
 	$(BIN)/python -m dcoco.bench.core --out docs/bench-core.md
 

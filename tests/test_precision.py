@@ -20,7 +20,7 @@ from dcoco.engine.precision import (
     widths,
 )
 from dcoco.model.causal_lm import CausalLM
-from dcoco.model.quant import GROUP, Int4Linear, Int8Linear
+from dcoco.model.quant import DENSE_FROM, GROUP, Int4Linear, Int8Linear
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams
@@ -59,6 +59,17 @@ def test_int8_is_close_per_channel_and_keeps_leading_shapes() -> None:
     exact = F.linear(x.float(), weight)  # [N, T, 48]
     error = (out.float() - exact).abs().amax(-1) / exact.abs().amax(-1)  # [N, T]
     assert float(error.max()) < 0.03
+
+
+@pytest.mark.parametrize("kind", [Int8Linear, Int4Linear])
+def test_many_rows_take_the_dense_weights_and_agree(kind: type[Int8Linear | Int4Linear]) -> None:
+    """From DENSE_FROM rows on, the same weights dequantized to bf16 multiply instead."""
+    weight, _ = q4_1_grid(64, 96)  # [N, K]
+    linear = kind(weight)
+    x = torch.randn(DENSE_FROM + 3, 96).bfloat16()  # [M, K]
+    few = torch.cat([linear(x[:8]), linear(x[8:16]), linear(x[16:])])  # [M, N], quantized
+    many = linear(x)  # [M, N], dense
+    torch.testing.assert_close(many, few, rtol=0, atol=3e-2)
 
 
 def test_int4_refuses_widths_off_its_groups() -> None:

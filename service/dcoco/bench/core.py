@@ -1,137 +1,162 @@
-"""Per-cycle cost of draft, correct and verify on CPU, side by side in one run.
+"""The embedded engine against this machine's limit, side by side in one run (`make bench-core`).
 
-Random-weight Qwen3-shaped targets at several hidden sizes, a 2-layer drafter with a corrector,
-B = 15 and K = 16 by default. Costs do not depend on the weights: every cycle drafts B slots,
-scores (B-1)K² transitions and verifies B + 1 tokens whatever gets accepted.
+    python -m dcoco.bench.core [--tokens 64] [--threads 2] [--out docs/bench-core.md]
 
-    python -m dcoco.bench.core [--hidden 256 512 1024] [--batch 1 16] [--out docs/bench-core.md]
+1. Memory read bandwidth, a 1 GiB buffer summed (best of 5), on the run's threads: plain
+   decoding at batch 1 reads every weight once a token, so bandwidth / weight bytes is its floor.
+2. Plain decoding of the default SmolLM2 target at batch 1 and 8 in each precision, against the
+   floor for the bytes that precision reads.
+3. DFlash, DCOCO and adaptive DCOCO at batch 1 in the precision `auto` picks, beside plain
+   decoding in it: code and math prompts of the held-out split, greedy.
+4. llama.cpp on the very GGUF file the target is converted from, when llama-cpp-python is
+   installed (an optional benchmark dependency: `pip install llama-cpp-python`, a source build
+   of several minutes): its per-token eval time on the same prompt and threads, the wrapper's
+   sampling left out, as our step's sampling is in.
+5. Chunked prefill: a 2,000-token prompt joins 8 decoding streams; the streams' largest gap
+   between tokens against their median, chunked (DCOCO_PREFILL_TOKENS) and whole.
 """
 
 import argparse
+import copy
 import platform
-import statistics
 import time
 from pathlib import Path
 
 import torch
 
-from dcoco.engine.engine import Engine
-from dcoco.model.causal_lm import CausalLM
-from dcoco.model.layers import TransformerConfig
-from dcoco.shared.engine_config import EngineConfig
-from dcoco.shared.options import Mode
-from dcoco.shared.sampling import SamplingParams
-from dcoco.spec.corrector import CorrectorConfig
-from dcoco.spec.drafter import DFlashDrafter, DrafterConfig
+from dcoco.bench.core_parts import (
+    gaps,
+    llama_cpp_ms,
+    memory_bandwidth,
+    plain_rate,
+    spec_rates,
+    weight_bytes,
+)
+from dcoco.checkpoint import load_drafter, load_target
+from dcoco.engine.precision import cost_table, widths
+from dcoco.paths import SMOLLM2_MODELS, packaged_smollm2_gguf
+from dcoco.shared.engine_config import DEFAULT_CACHE_DIR
+from dcoco.shared.options import Precision
+from dcoco.suites import load_suite
+from dcoco.tokenizer import Tokenizer, chat_prompt
 
-VOCAB = 4096  # the embedded default model's vocabulary
-PROMPT_TOKENS = 128
+PRECISIONS = (Precision.FP32, Precision.BF16, Precision.INT8, Precision.INT4)
 
 
-def qwen3_shape(hidden: int, layers: int) -> TransformerConfig:
-    heads = hidden // 64
-    return TransformerConfig(
-        vocab_size=VOCAB,
-        hidden_size=hidden,
-        intermediate_size=3 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 2),
-        head_dim=64,
+def cpu_flags() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    found = {f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f" {f}" in text}
+    name = next(
+        (line.split(":", 1)[1].strip() for line in text.splitlines() if "model name" in line), ""
     )
+    return f"{name} ({', '.join(sorted(found)) or 'no AVX2'})"
 
 
-def build(
-    hidden: int, target_layers: int, block: int, top_k: int
-) -> tuple[CausalLM, DFlashDrafter]:
-    torch.manual_seed(0)
-    target = CausalLM(qwen3_shape(hidden, target_layers)).eval()
-    drafter = DFlashDrafter(
-        DrafterConfig(
-            model=qwen3_shape(hidden, 2),
-            block_size=block,
-            mask_token_id=VOCAB - 1,
-            target_layer_ids=(1, target_layers - 2),
-            target_hidden_size=hidden,
-            corrector=CorrectorConfig(top_k=top_k),
-        )
-    ).eval()
-    return target, drafter
-
-
-def measure(engine: Engine, batch: int, cycles: int, warmup: int) -> dict[str, float]:
-    """Median milliseconds per cycle and phase, after `warmup` cycles."""
-    g = torch.Generator().manual_seed(1)
-    params = SamplingParams(max_tokens=100_000, ignore_eos=True)
-    for i in range(batch):
-        engine.add_request(
-            f"b{i}", torch.randint(0, VOCAB - 1, (PROMPT_TOKENS,), generator=g).tolist(), params
-        )
-    samples: dict[str, list[float]] = {}
-    for step in range(warmup + cycles):
-        cycle = engine.step().cycle
-        if cycle is not None and step >= warmup:
-            for phase, seconds in cycle.seconds.items():
-                samples.setdefault(phase, []).append(seconds * 1000)
-    for i in range(batch):
-        engine.abort(f"b{i}")
-    return {phase: statistics.median(values) for phase, values in samples.items()}
-
-
-def run(
-    hiddens: list[int], batches: list[int], layers: int, block: int, top_k: int, cycles: int
-) -> list[str]:
-    rows = [
-        "# Per-cycle cost of DCOCO on CPU",
+def run(tokens: int, prompts_per_suite: int) -> list[str]:
+    models = SMOLLM2_MODELS
+    tokenizer = Tokenizer.from_dir(models / "target")
+    fp32 = load_target(models / "target")
+    suites = {name: load_suite(name, models / "heldout") for name in ("code", "math")}
+    encoded = {
+        name: [tokenizer.encode(chat_prompt(tokenizer, p)) for p in s.prompts[:prompts_per_suite]]
+        for name, s in suites.items()
+    }
+    prompt = encoded["code"][0]
+    threads = torch.get_num_threads()
+    bandwidth = memory_bandwidth()
+    lines = [
+        "# The embedded engine against this machine's limit",
         "",
         "Generated by `make bench-core` (`python -m dcoco.bench.core --out docs/bench-core.md`).",
         "",
-        f"B = {block}, K = {top_k}, target {layers} layers, drafter 2 layers, vocabulary {VOCAB}, "
-        f"prompt {PROMPT_TOKENS} tokens, fp32, {torch.get_num_threads()} threads, "
-        f"{platform.processor() or platform.machine()}; median ms per cycle over {cycles} cycles.",
+        f"CPU: {cpu_flags()}; {threads} threads; torch {torch.__version__}. Memory read "
+        f"bandwidth {bandwidth / 1e9:.1f} GB/s. SmolLM2-135M-Instruct, greedy, {tokens} new "
+        f"tokens per prompt.",
         "",
-        "| hidden | batch | vanilla step | draft | correct | verify | cycle | correct / cycle |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "## Plain decoding against the memory floor",
+        "",
+        "| precision | weight MB read a token | floor tokens/s | batch 1 tokens/s | of the floor "
+        "| batch 8 tokens/s | batch 8 / batch 1 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for hidden in hiddens:
-        target, drafter = build(hidden, layers, block, top_k)
-        for batch in batches:
-            length = PROMPT_TOKENS + (cycles + 8) * (block + 1)
-            configs = [
-                EngineConfig(mode=mode, max_batch_size=batch, max_model_len=length)
-                for mode in (Mode.VANILLA, Mode.DCOCO)
-            ]
-            vanilla = measure(Engine(target, None, configs[0]), batch, cycles, 3)
-            dcoco = measure(Engine(target, drafter, configs[1]), batch, cycles, 3)
-            phases = [
-                vanilla["total"],
-                *(dcoco[p] for p in ("draft", "correct", "verify", "total")),
-            ]
-            cells = [str(hidden), str(batch), *(f"{ms:.2f}" for ms in phases)]
-            rows.append("| " + " | ".join(cells) + f" | {dcoco['correct'] / dcoco['total']:.1%} |")
-            print(rows[-1], flush=True)
-    return rows
+    rates: dict[Precision, float] = {}
+    for precision in PRECISIONS:
+        target = copy.deepcopy(fp32)
+        megabytes = weight_bytes(target, precision) / 1e6
+        floor = bandwidth / (megabytes * 1e6)
+        one = plain_rate(copy.deepcopy(fp32), precision, [prompt], tokens)
+        eight = plain_rate(copy.deepcopy(fp32), precision, [prompt] * 8, tokens)
+        rates[precision] = one
+        lines.append(
+            f"| {precision} | {megabytes:.0f} | {floor:.0f} | {one:.1f} | {one / floor:.0%} "
+            f"| {eight:.1f} | {eight / one:.2f}x |"
+        )
+        print(lines[-1], flush=True)
+    gguf = packaged_smollm2_gguf()
+    llama = llama_cpp_ms(gguf, prompt, tokens, threads) if gguf is not None else None
+    fastest = max(rates, key=lambda p: rates[p])
+    lines += ["", "## llama.cpp on the same GGUF file", ""]
+    if llama is None:
+        lines.append(
+            "llama-cpp-python is not installed: `pip install llama-cpp-python`, then rerun."
+        )
+    else:
+        lines.append(
+            f"llama.cpp: {llama:.1f} ms a token ({1000 / llama:.1f} tokens/s), same prompt and "
+            f"threads; our fastest plain decoding ({fastest}): {rates[fastest]:.1f} tokens/s, "
+            f"{rates[fastest] * llama / 1000:.2f}x llama.cpp."
+        )
+    chosen = cost_table(fp32, widths(16), DEFAULT_CACHE_DIR).fastest()
+    lines += [
+        "",
+        f"## Speculation at batch 1, in the precision `auto` picks here ({chosen})",
+        "",
+        "| suite | variant | tokens/s | over plain | accepted length | draft ms | correct ms "
+        "| verify ms |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    drafters = {name: load_drafter(models / name) for name in ("dflash", "dcoco")}
+    for suite, prompts in encoded.items():
+        for row in spec_rates(fp32, drafters, chosen, prompts, tokens):
+            lines.append(row.markdown(suite))
+            print(lines[-1], flush=True)
+    lines += [
+        "",
+        "## A 2,000-token prompt joining 8 decoding streams (plain decoding, batch 9)",
+        "",
+        "| prefill | streams' median gap ms before | largest gap ms while it joins "
+        "| largest / median |",
+        "|---|---:|---:|---:|",
+    ]
+    long_prompt = ([t for p in encoded["code"] for t in p] * 40)[:2000]
+    for label, budget in (("chunked, 256 tokens a step", 256), ("whole", 100_000)):
+        median, largest = gaps(copy.deepcopy(fp32), chosen, prompt, long_prompt, budget)
+        lines.append(
+            f"| {label} | {median * 1000:.0f} | {largest * 1000:.0f} | {largest / median:.1f}x |"
+        )
+        print(lines[-1], flush=True)
+    return lines
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--hidden", type=int, nargs="+", default=[256, 512, 1024])
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--layers", type=int, default=4, help="target layers")
-    parser.add_argument("--block", type=int, default=15, help="B")
-    parser.add_argument("--top-k", type=int, default=16, help="K")
-    parser.add_argument("--cycles", type=int, default=20)
-    parser.add_argument("--out", type=Path, help="also write the table (markdown) here")
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens per prompt")
+    parser.add_argument("--prompts", type=int, default=3, help="code and math prompts each")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, help="also write the report (markdown) here")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    rows = run(args.hidden, args.batch, args.layers, args.block, args.top_k, args.cycles)
-    table = "\n".join(rows) + "\n"
-    print(f"\n{table}(benchmark took {time.perf_counter() - started:.0f} s)")
+    text = "\n".join(run(args.tokens, args.prompts)) + "\n"
+    print(f"\n{text}(benchmark took {time.perf_counter() - started:.0f} s)")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(table)
+        args.out.write_text(text)
 
 
 if __name__ == "__main__":

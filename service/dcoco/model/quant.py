@@ -9,18 +9,25 @@
 Activations stay bf16: both kernels are fast only there (int4 with fp32 activations runs 17x
 slower). The LM head is int8 in both modes (it ships as Q8_0); the embedding it may be tied to
 stays as it was, since lookups need whole rows.
+
+Both kernels are built for a few rows: from DENSE_FROM rows on (prefills, wide verifications)
+bf16 matmuls over the same weights, dequantized, are 2-4x faster, so each linear also keeps
+them in bf16 and switches. Decoding reads only the quantized bytes; memory holds both.
 """
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 GROUP = 32  # int4 input channels per scale: Q4_1's block
+DENSE_FROM = 17  # rows from which a forward multiplies the dequantized bf16 weights
 TINY = 1e-12  # the smallest scale: an all-zero row or group quantizes to zeros
 
 
 class Int8Linear(nn.Module):
     weight: torch.Tensor  # [N, K] int8
     scale: torch.Tensor  # [N] bf16
+    dense: torch.Tensor  # [N, K] bf16, the same weights dequantized
 
     def __init__(self, weight: torch.Tensor) -> None:
         """weight [N, K] in any float dtype."""
@@ -29,9 +36,12 @@ class Int8Linear(nn.Module):
         scale = w.abs().amax(1).clamp(min=TINY) / 127  # [N]
         self.register_buffer("weight", (w / scale[:, None]).round().to(torch.int8))  # [N, K]
         self.register_buffer("scale", scale.bfloat16())  # [N]
+        self.register_buffer("dense", (self.weight * self.scale[:, None]).bfloat16())  # [N, K]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K] bf16
+        if flat.shape[0] >= DENSE_FROM:
+            return F.linear(x, self.dense)  # [..., N]
         out = torch._weight_int8pack_mm(flat, self.weight, self.scale)  # [M, N]
         return out.view(*x.shape[:-1], out.shape[-1])  # [..., N]
 
@@ -39,6 +49,7 @@ class Int8Linear(nn.Module):
 class Int4Linear(nn.Module):
     packed: torch.Tensor  # [N, K/2] uint8, the kernel's layout
     scale_zero: torch.Tensor  # [K/32, N, 2] bf16
+    dense: torch.Tensor  # [N, K] bf16, the same weights dequantized
 
     def __init__(self, weight: torch.Tensor) -> None:
         """weight [N, K] in any float dtype, K a multiple of GROUP."""
@@ -59,10 +70,15 @@ class Int4Linear(nn.Module):
         self.register_buffer(
             "scale_zero", scale_zero.transpose(0, 1).contiguous().bfloat16()
         )  # [G, N, 2]
+        scale, zero = self.scale_zero.float().transpose(0, 1).unbind(-1)  # [N, G] each
+        dense = (levels - 8) * scale[..., None] + zero[..., None]  # [N, G, 32]
+        self.register_buffer("dense", dense.view(n, k).bfloat16())  # [N, K]
         self.out_features = n
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K] bf16
+        if flat.shape[0] >= DENSE_FROM:
+            return F.linear(x, self.dense)  # [..., N]
         out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scale_zero)
         return out.view(*x.shape[:-1], self.out_features)  # [..., N]
 

