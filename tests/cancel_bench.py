@@ -7,7 +7,8 @@ moment the client closed its socket to the moment the worker, having aborted the
 request, wrote the request's `cancelled` event: the time in that event's stream entry id
 (Redis's clock, the same machine's). It covers the gateway noticing the disconnect, the cancel
 flag, the worker's poll for it, the abort between two engine cycles, and the write. The last
-column is the first part alone: from the close to the cancel flag the gateway set.
+column is the first part alone: from the close to the cancel flag the gateway set. A stream
+that ended on its own before its cancel arrived (a short answer) is counted apart.
 
     .venv/bin/python tests/cancel_bench.py [--load 8] [--cancels 100] [--out docs/cancel.md]
 
@@ -22,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -75,16 +77,27 @@ def flagged_at(stack: Stack, response_id: str) -> float | None:
     return None if value is None else float(value)
 
 
-def cancelled_at(stack: Stack, response_id: str) -> float | None:
-    """When the worker wrote the request's `cancelled` event (Redis's clock), if it did."""
+def ended_at(stack: Stack, response_id: str) -> tuple[str, float] | None:
+    """How and when (Redis's clock) the request ended: "cancelled" when the worker wrote its
+    `cancelled` event, "finished" when it ended on its own first (a short answer); None while
+    it has not ended."""
     for entry_id, fields in stack.redis.client().xrange(keys.response(f"{response_id}-0")):
         event = json.loads(fields["e"])
+        at = int(entry_id.split("-")[0]) / 1000
         if event.get("kind") == "error" and event["error"]["code"] == "cancelled":
-            return int(entry_id.split("-")[0]) / 1000
+            return "cancelled", at
+        if event.get("kind") == "done":
+            return "finished", at
     return None
 
 
-Cut = tuple[float | None, float | None]  # disconnect to flag, and to the abort, in seconds
+@dataclass
+class Cut:
+    """One cancel, in seconds from the client's close."""
+
+    flag: float | None  # to the cancel flag
+    abort: float | None  # to the abort; None if never seen, or if it finished first
+    finished_first: bool = False
 
 
 async def measure(stack: Stack, load: int, cancels: int) -> list[Cut]:
@@ -108,18 +121,37 @@ async def measure(stack: Stack, load: int, cancels: int) -> list[Cut]:
     deadline = time.monotonic() + SEEN_TIMEOUT_S
     latencies: list[Cut] = []
     for response_id, closed in cuts:
-        seen = cancelled_at(stack, response_id)
-        while seen is None and time.monotonic() < deadline:
+        ended = ended_at(stack, response_id)
+        while ended is None and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-            seen = cancelled_at(stack, response_id)
+            ended = ended_at(stack, response_id)
         flagged = flagged_at(stack, response_id)
-        latencies.append(
-            (
-                None if flagged is None else flagged - closed,
-                None if seen is None else seen - closed,
+        flag = None if flagged is None else flagged - closed
+        if ended is None:
+            describe_unseen(stack, response_id, closed, flagged)
+            latencies.append(Cut(flag, None))
+        else:
+            how, at = ended
+            latencies.append(
+                Cut(flag, at - closed if how == "cancelled" else None, how != "cancelled")
             )
-        )
     return latencies
+
+
+def describe_unseen(stack: Stack, response_id: str, closed: float, flagged: float | None) -> None:
+    """What became of a request whose abort was never seen, on stderr."""
+    entries = stack.redis.client().xrange(keys.response(f"{response_id}-0"))
+    events = [json.loads(fields["e"]) for _, fields in entries]
+    detail = {
+        "response": response_id,
+        "flag_after_s": None if flagged is None else round(flagged - closed, 3),
+        "events": len(events),
+        "last": [(e["kind"], e.get("finish_reason"), e.get("error")) for e in events[-3:]],
+        "last_at_s": round(int(entries[-1][0].split("-")[0]) / 1000 - closed, 3)
+        if entries
+        else None,
+    }
+    print(json.dumps(detail), file=sys.stderr, flush=True)
 
 
 def quantiles(values: list[float]) -> list[float]:
@@ -130,15 +162,16 @@ def quantiles(values: list[float]) -> list[float]:
 
 
 def summary(latencies: list[Cut], load: int) -> str:
-    flags = [f for f, _ in latencies if f is not None]
-    aborts = [a for _, a in latencies if a is not None]
+    flags = [c.flag for c in latencies if c.flag is not None and not c.finished_first]
+    aborts = [c.abort for c in latencies if c.abort is not None]
+    finished = sum(c.finished_first for c in latencies)
     if not aborts:
-        return f"| {load} | {len(latencies)} | 0 | | | | | |"
+        return f"| {load} | {len(latencies)} | {finished} | 0 | | | | | |"
     p50, p90, p99, worst = quantiles(aborts)
     flag = quantiles(flags)[2] if flags else float("nan")
     return (
-        f"| {load} | {len(latencies)} | {len(aborts)} | {p50:.0f} | {p90:.0f} | {p99:.0f} | "
-        f"{worst:.0f} | {flag:.0f} |"
+        f"| {load} | {len(latencies)} | {finished} | {len(aborts)} | {p50:.0f} | {p90:.0f} | "
+        f"{p99:.0f} | {worst:.0f} | {flag:.0f} |"
     )
 
 
@@ -149,8 +182,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="write the table here (Markdown)")
     args = parser.parse_args()
     rows = [
-        "| load streams | cancels | seen | p50 ms | p90 ms | p99 ms | max ms | flag p99 ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| load streams | cancels | finished first | aborted | p50 ms | p90 ms | p99 ms | max ms "
+        "| flag p99 ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     missing = 0
     with tempfile.TemporaryDirectory(prefix="dcoco-cancel-") as scratch:
@@ -166,7 +200,7 @@ def main() -> int:
                 )
             finally:
                 stack.stop()
-            missing += sum(1 for _, abort in latencies if abort is None)
+            missing += sum(1 for c in latencies if c.abort is None and not c.finished_first)
             rows.append(summary(latencies, load))
             count = histogram.get(f'dcoco_cancel_latency_seconds_count{{model="{Stack.MODEL}"}}')
             print(rows[-1], f"(worker histogram: {count:g} aborts)", flush=True)
