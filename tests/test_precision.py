@@ -11,7 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from dcoco.engine.engine import Engine
-from dcoco.engine.precision import (
+from dcoco.model.causal_lm import CausalLM
+from dcoco.model.quant import DENSE_FROM, GROUP, Int4Linear, Int8Linear
+from dcoco.precision import (
     CostTable,
     apply_precision,
     cache_file,
@@ -19,8 +21,6 @@ from dcoco.engine.precision import (
     current_precision,
     widths,
 )
-from dcoco.model.causal_lm import CausalLM
-from dcoco.model.quant import DENSE_FROM, GROUP, Int4Linear, Int8Linear
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams

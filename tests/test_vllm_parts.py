@@ -406,3 +406,27 @@ def test_a_malformed_drafter_is_refused_before_vllm_starts(
     save_file(weights | {"d2t": weights["d2t"] - 1}, str(broken / "model.safetensors"))
     with pytest.raises(CheckpointError, match="d2t maps columns outside"):
         check_drafter(broken)
+
+
+def test_vllm_takes_its_dtype_from_the_precision(tmp_path: Path) -> None:
+    """fp32 and bf16 pass through; auto on this CPU picks whichever of the two the measured
+    forwards favour (and caches the table); the torch engine's int8 and int4 are refused."""
+    from dcoco.precision import cache_file
+    from dcoco.vllm.engine_args import vllm_dtype
+
+    target = tmp_path / "target"
+    save_target(make_target(hidden=64, vocab=64), target)
+
+    def dtype(precision: str) -> str:
+        settings = WorkerSettings(
+            target=target, precision=precision, cache_dir=tmp_path, max_batch_size=2
+        )
+        return vllm_dtype(settings)
+
+    assert dtype("fp32") == "float32"
+    assert dtype("bf16") == "bfloat16"
+    assert dtype("auto") in ("float32", "bfloat16")
+    assert cache_file(tmp_path).exists()
+    for quantized in ("int8", "int4"):
+        with pytest.raises(ValueError, match=f"{quantized} is the torch engine's"):
+            dtype(quantized)

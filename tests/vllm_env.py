@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from dcoco.paths import REPO_ROOT, TINY_DCOCO, TINY_TARGET
+from dcoco.vllm.cpu_env import cpu_preload
 
 VLLM_VENV = Path(os.environ.get("DCOCO_VLLM_VENV", REPO_ROOT / ".venv-vllm"))
 VLLM_PYTHON = str((VLLM_VENV / "bin" / "python").absolute())  # not resolved: keep the venv
@@ -16,17 +17,15 @@ VLLM_PYTHON = str((VLLM_VENV / "bin" / "python").absolute())  # not resolved: ke
 MEMORY_SHARE = "0.3"
 WORKER_ARGS = json.dumps({"gpu_memory_utilization": float(MEMORY_SHARE)})
 EMBEDDED = {"target": TINY_TARGET, "dcoco": TINY_DCOCO}
-TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 
 
 def vllm_env() -> dict[str, str]:
     """What vLLM on CPU needs here: no hub, 1 GiB of KV cache, the bundled OpenMP (and
     tcmalloc where installed) preloaded."""
-    preload = [str(p) for p in (TCMALLOC, VLLM_VENV / "lib" / "libiomp5.so") if p.exists()]
     return {
         "HF_HUB_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",
-        "LD_PRELOAD": ":".join(preload),
+        "LD_PRELOAD": cpu_preload(VLLM_VENV),
     }
 
 

@@ -33,8 +33,8 @@ from dcoco.bench.core_parts import (
     weight_bytes,
 )
 from dcoco.checkpoint import load_drafter, load_target
-from dcoco.engine.precision import cost_table, widths
 from dcoco.paths import SMOLLM2_MODELS, packaged_smollm2_gguf
+from dcoco.precision import cost_table, widths
 from dcoco.shared.engine_config import DEFAULT_CACHE_DIR
 from dcoco.shared.options import Precision
 from dcoco.suites import load_suite

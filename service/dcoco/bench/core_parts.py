@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from dcoco.engine.engine import Engine
-from dcoco.engine.precision import apply_precision
 from dcoco.model.causal_lm import CausalLM
+from dcoco.precision import apply_precision
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams

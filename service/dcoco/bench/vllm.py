@@ -31,6 +31,7 @@ import openai
 from dcoco.bench.vllm_acceptance import acceptance_rows
 from dcoco.paths import TINY_DCOCO, TINY_HELDOUT, TINY_MODEL_NAME, TINY_TARGET
 from dcoco.serve import free_port, start_redis, stop
+from dcoco.vllm.cpu_env import cpu_preload
 
 MODEL = TINY_MODEL_NAME
 PAUSE_S = 5.0  # lets the previous server's processes go quiet
@@ -38,14 +39,12 @@ READY_S = 300.0
 # On CPU this only sizes vLLM's start-up check of free memory (the KV cache is
 # VLLM_CPU_KVCACHE_SPACE); its 0.92 default fails whenever the machine is shared.
 MEMORY_SHARE = 0.3
-TCMALLOC = Path("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4")
 
 
 def vllm_env(python: str) -> dict[str, str]:
     """vLLM on CPU: no hub, 1 GiB of KV cache, its bundled OpenMP (and tcmalloc where
     installed) preloaded; only vLLM's processes get them."""
-    iomp = Path(python).parent.parent / "lib" / "libiomp5.so"
-    preload = ":".join(str(p.absolute()) for p in (TCMALLOC, iomp) if p.exists())
+    preload = cpu_preload(Path(python).parent.parent)
     return {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "LD_PRELOAD": preload}
 
 
@@ -168,7 +167,10 @@ def our_stack(engine: str, args: argparse.Namespace, folder: Path) -> dict[str, 
         "DCOCO_MAX_BATCH_SIZE": str(args.concurrency),
         "DCOCO_LOG_LEVEL": "warning",
         "DCOCO_VLLM_ARGS": json.dumps({"gpu_memory_utilization": MEMORY_SHARE}),
+        "DCOCO_PRECISION": "fp32",  # as vLLM's own server runs (--dtype float32)
     }
+    if engine == "vllm":  # the same process environment as vLLM's own server gets
+        env |= vllm_env(args.vllm_python)
     python = args.vllm_python if engine == "vllm" else sys.executable
     redis = start_redis(redis_port, folder)
     with (folder / f"{engine}.log").open("wb") as log:

@@ -14,12 +14,12 @@ import torch
 from dcoco.engine.checks import check_models
 from dcoco.engine.outputs import Completion, RequestOutput, StepResult
 from dcoco.engine.planner import VerifyPlanner
-from dcoco.engine.precision import CostTable, cost_table, widths
 from dcoco.engine.runner import ContextUpdate, ModelRunner
 from dcoco.engine.scheduler import Scheduler
 from dcoco.engine.sequence import Sequence
 from dcoco.engine.uniforms import position_uniforms, request_key
 from dcoco.model.causal_lm import CausalLM
+from dcoco.precision import CostTable, cost_table, widths
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Precision
 from dcoco.shared.sampling import SamplingParams

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import torch
 
 from dcoco.engine.kv_cache import CacheView, KVCache
-from dcoco.engine.precision import ACTIVATIONS, apply_precision
 from dcoco.engine.scheduler import Move
 from dcoco.engine.sequence import Sequence
 from dcoco.model.causal_lm import CausalLM
+from dcoco.precision import ACTIVATIONS, apply_precision
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
 from dcoco.spec.drafter import DFlashDrafter

@@ -14,12 +14,12 @@ import torch
 from tqdm import tqdm
 
 from dcoco.checkpoint import CheckpointError, load_drafter, load_target
-from dcoco.engine.precision import cost_table, widths
 from dcoco.eval.coverage import measure_coverage
 from dcoco.eval.plots import acceptance_by_position, coverage_by_depth, speedup_by_suite
 from dcoco.eval.report import goals, markdown, run_record
 from dcoco.eval.runner import SETTINGS, VARIANTS, Measurement, Models, compare_to_vanilla, measure
 from dcoco.paths import REPO_ROOT
+from dcoco.precision import cost_table, widths
 from dcoco.shared.engine_config import DEFAULT_CACHE_DIR
 from dcoco.shared.errors import UsageError
 from dcoco.shared.options import Precision

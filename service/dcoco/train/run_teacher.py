@@ -13,8 +13,8 @@ a stopped leg repeats at most the shard it was building.
 
 import torch
 
-from dcoco.engine.precision import ACTIVATIONS
 from dcoco.model.causal_lm import CausalLM
+from dcoco.precision import ACTIVATIONS
 from dcoco.shared.options import Precision
 from dcoco.tokenizer import END_OF_TEXT, IM_END, Tokenizer
 from dcoco.train.data import Continuations

@@ -7,6 +7,7 @@ as it is.
 """
 
 import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,8 @@ from dcoco.spec.drafter import (
 )
 from dcoco.vllm.export import ExportOptions, export_drafter
 from dcoco.vllm.runtime import SelectionConfig
+
+log = logging.getLogger(__name__)
 
 # Engine arguments the worker derives from DCOCO_* settings; DCOCO_VLLM_ARGS may not set them.
 OWNED = {
@@ -105,9 +108,35 @@ def prepare_drafter(settings: WorkerSettings, scratch: Path) -> tuple[Path, int]
     return folder, block
 
 
-# auto is bf16 in vLLM: its CPU and GPU kernels are built for it. The weight-only int8 and int4
-# precisions are the embedded engine's; vLLM quantizes through its own arguments.
-DTYPES = {Precision.AUTO: "bfloat16", Precision.FP32: "float32", Precision.BF16: "bfloat16"}
+# The weight-only int8 and int4 precisions are the embedded engine's; vLLM quantizes through its
+# own arguments.
+DTYPES = {Precision.FP32: "float32", Precision.BF16: "bfloat16"}
+
+
+def vllm_dtype(settings: WorkerSettings) -> str:
+    """DCOCO_PRECISION as vLLM's dtype. auto is bf16 on a GPU; on a CPU it is fp32 or bf16,
+    whichever the embedded engine's measured forwards favour here (bf16 is emulated, and far
+    slower from a few rows on, where the CPU lacks AVX512_BF16)."""
+    import torch
+
+    from dcoco.checkpoint import load_target
+    from dcoco.precision import cost_table, widths
+
+    if settings.precision is Precision.AUTO:
+        if torch.cuda.is_available():
+            return DTYPES[Precision.BF16]
+        target = load_target(settings.target)
+        sizes = widths(settings.max_batch_size * 16)
+        table = cost_table(target, sizes, settings.cache_dir)
+        chosen = table.fastest(among=(Precision.FP32, Precision.BF16))
+        log.info("precision auto: vLLM runs %s, from forward seconds %s", chosen, table.seconds)
+        return DTYPES[chosen]
+    if settings.precision not in DTYPES:
+        raise ValueError(
+            f"DCOCO_PRECISION {settings.precision} is the torch engine's; with vLLM use "
+            f"auto, fp32 or bf16 (and vLLM's quantization arguments in DCOCO_VLLM_ARGS)"
+        )
+    return DTYPES[settings.precision]
 
 
 def engine_kwargs(settings: WorkerSettings, scratch: Path) -> dict[str, Any]:
@@ -122,16 +151,12 @@ def engine_kwargs(settings: WorkerSettings, scratch: Path) -> dict[str, Any]:
     clash = sorted(set(settings.vllm_args) & set(OWNED))
     if clash:
         raise ValueError(f"DCOCO_VLLM_ARGS may not set {clash[0]}; use {OWNED[clash[0]]} instead")
-    if settings.precision not in DTYPES:
-        raise ValueError(
-            f"DCOCO_PRECISION {settings.precision} is the torch engine's; with vLLM use "
-            f"{', '.join(DTYPES)} (and vLLM's quantization arguments in DCOCO_VLLM_ARGS)"
-        )
+    dtype = vllm_dtype(settings)
     drafter = prepare_drafter(settings, scratch)
     kwargs: dict[str, Any] = {
         # DCOCO_PRECISION, never vLLM's "auto", which would run a float32 checkpoint in half
         # precision, so that greedy output is the target's own in fp32.
-        "dtype": DTYPES[settings.precision],
+        "dtype": dtype,
         "model": str(settings.target),
         "tokenizer": str(settings.target),
         "served_model_name": settings.model_name,

@@ -69,12 +69,13 @@ class CostTable:
     seconds: dict[str, dict[int, float]]  # precision -> width -> seconds
     threads: int
 
-    def fastest(self) -> Precision:
+    def fastest(self, among: tuple[Precision, ...] = MEASURED) -> Precision:
         def score(name: str) -> float:
             row = self.seconds[name]
             return sum(math.log(s) for s in row.values()) / len(row)
 
-        return Precision(min(self.seconds, key=score))
+        names = [p.value for p in among if p.value in self.seconds]
+        return Precision(min(names, key=score))
 
     def to_json(self) -> dict[str, object]:
         return {"seconds": self.seconds, "threads": self.threads}
