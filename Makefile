@@ -109,10 +109,20 @@ bench-core:
 bench-serving:
 	$(BIN)/python -m dcoco.bench.serving --out docs/bench-serving.md
 
-# vLLM's own OpenAI server, our gateway with a vllm worker and with the torch worker, side by
-# side on the embedded pair (about 6 minutes).
+# The vLLM path side by side: vLLM's own server plain, with fixed-B DFlash, fixed-B DCOCO, its
+# static table and adaptive DCOCO, and our gateway in front of adaptive DCOCO; concurrency sweep,
+# greedy and t1 (hours on 2 cores at the defaults; a progress bar counts the cells and each server
+# stops at BENCH_VLLM_SERVER_S). BENCH_VLLM_PAIR=smollm2 runs the default pair.
+BENCH_VLLM_PAIR ?= tiny
+BENCH_VLLM_CONCURRENCY ?= 1,4,8,16,32
+BENCH_VLLM_MODES ?= greedy,t1
+BENCH_VLLM_REPEATS ?= 1
+BENCH_VLLM_SERVER_S ?= 1800
 bench-vllm:
-	$(BIN)/python -m dcoco.bench.vllm --vllm-python $(VLLM_BIN)/python --out docs/bench-vllm.md
+	$(BIN)/python -m dcoco.bench.vllm --vllm-python $(VLLM_BIN)/python --pair $(BENCH_VLLM_PAIR) \
+		--concurrency $(BENCH_VLLM_CONCURRENCY) --modes $(BENCH_VLLM_MODES) \
+		--repeats $(BENCH_VLLM_REPEATS) --server-timeout $(BENCH_VLLM_SERVER_S) --acceptance \
+		--out docs/bench-vllm.md
 
 # On a machine with an NVIDIA GPU and CUDA vLLM in $(VLLM_VENV) (or GPU_PYTHON): V2 runner
 # parity, DCOCO against DFlash, correction cost at Qwen3-8B size. No downloads; about 8 minutes.

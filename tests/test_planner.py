@@ -4,12 +4,12 @@ staying lossless whatever prefix it verifies."""
 import pytest
 
 from dcoco.engine.engine import Engine
-from dcoco.engine.planner import EXPLORE_SHARE, LineFit, VerifyPlanner
 from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
 from dcoco.spec.drafter import DFlashDrafter
+from dcoco.spec.planner import EXPLORE_SHARE, LineFit, VerifyPlanner
 from factories import greedy_reference, make_drafter
 
 Pair = tuple[CausalLM, DFlashDrafter]

@@ -21,7 +21,7 @@ from dcoco.tokenizer import Tokenizer
 from dcoco.vllm.export import ExportOptions, export_drafter
 from vllm_env import offline, run_python
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]  # three vLLM starts
 MAX_TOKENS = 64
 PROMPTS = 8  # held-out code prompts: where correction shows on the embedded pair
 
@@ -75,14 +75,15 @@ def served(
     root = tmp_path_factory.mktemp("vllm")
     plain = root / "dflash-export"
     export_drafter(TINY_DCOCO, plain, ExportOptions(format="dflash"))
-    (root / "dcoco").mkdir()
-    (root / "dflash").mkdir()
+    for name in ("dcoco", "dflash", "adaptive"):
+        (root / name).mkdir()
     log = root / "drafts.jsonl"
     return {
         "dcoco": offline(
             root / "dcoco", TINY_DCOCO, prompts, MAX_TOKENS, DCOCO_VLLM_DRAFT_LOG=str(log)
         ),
         "dflash": offline(root / "dflash", plain, prompts, MAX_TOKENS),
+        "adaptive": offline(root / "adaptive", TINY_DCOCO, prompts, MAX_TOKENS, DCOCO_ADAPTIVE="1"),
         "log": {"path": str(log)},
     }
 
@@ -93,6 +94,19 @@ def test_greedy_output_is_the_target_s_own(
     vanilla = torch_run(Mode.VANILLA, None, prompts)
     assert served["dcoco"]["token_ids"] == vanilla.tokens
     assert served["dflash"]["token_ids"] == vanilla.tokens
+    assert served["adaptive"]["token_ids"] == vanilla.tokens
+
+
+def test_adaptive_speculation_plans_shorter_drafts_inside_vllm(
+    served: dict[str, dict[str, Any]],
+) -> None:
+    """DCOCO_ADAPTIVE: the plugin's planner picks each step's draft count in vLLM's scheduler
+    (output above: still the target's own); the tiny pair's deep slots rarely hold, so it
+    drafts fewer than B = 15 on average, and stock fixed-B DCOCO does not."""
+    fixed, adaptive = served["dcoco"], served["adaptive"]
+    assert fixed["draft_tokens"] == 15 * fixed["drafts"]
+    assert adaptive["drafts"] > 0
+    assert adaptive["draft_tokens"] < 15 * adaptive["drafts"]
 
 
 def test_acceptance_beats_plain_dflash_and_matches_the_torch_engine(

@@ -430,3 +430,31 @@ def test_vllm_takes_its_dtype_from_the_precision(tmp_path: Path) -> None:
     for quantized in ("int8", "int4"):
         with pytest.raises(ValueError, match=f"{quantized} is the torch engine's"):
             dtype(quantized)
+
+
+def test_the_planned_lookup_answers_vllm_s_scheduler_from_measurements() -> None:
+    """What vLLM's scheduler reads as its batch size -> k table (`dcoco.vllm.adaptive`): the
+    planner's choice once steps are observed, all B while a seeded sampled request runs."""
+    from types import SimpleNamespace
+
+    from dcoco.spec.planner import VerifyPlanner
+    from dcoco.vllm.adaptive import PlannedLookup, observe
+
+    greedy = SimpleNamespace(sampling_params=SimpleNamespace(seed=None, temperature=0.0))
+    seeded = SimpleNamespace(sampling_params=SimpleNamespace(seed=3, temperature=0.8))
+    scheduler = SimpleNamespace(running=[greedy])
+    planner = VerifyPlanner(4)
+    lookup = PlannedLookup(scheduler, planner, size=8)
+    assert lookup[2] == 4  # nothing measured yet: the whole block
+    assert len(lookup) == 9  # vLLM sizes its table by max_num_seqs + 1
+    # Steps of 2 rows: drafts of 4 never held beyond the first slot, and verifying is dear.
+    for k, seconds in ((4, 0.5), (0, 0.1), (4, 0.5), (0, 0.1)):
+        drafts = {"a": [1] * k, "b": [2] * k} if k else {}
+        step = SimpleNamespace(
+            scheduled_spec_decode_tokens=drafts, num_scheduled_tokens={"a": 1, "b": 1}
+        )
+        out = SimpleNamespace(req_id_to_index={"a": 0, "b": 1}, sampled_token_ids=[[5, 6], [7]])
+        observe(planner, step, out, seconds)
+    assert lookup[2] < 4
+    scheduler.running.append(seeded)
+    assert lookup[2] == 4

@@ -13,7 +13,6 @@ import torch
 
 from dcoco.engine.checks import check_models
 from dcoco.engine.outputs import Completion, RequestOutput, StepResult
-from dcoco.engine.planner import VerifyPlanner
 from dcoco.engine.runner import ContextUpdate, ModelRunner
 from dcoco.engine.scheduler import Scheduler
 from dcoco.engine.sequence import Sequence
@@ -25,6 +24,7 @@ from dcoco.shared.options import Precision
 from dcoco.shared.sampling import SamplingParams
 from dcoco.shared.stats import CycleStats, SpecStats
 from dcoco.spec.drafter import DFlashDrafter
+from dcoco.spec.planner import VerifyPlanner
 from dcoco.spec.verify import sample, target_probs, verify
 
 log = logging.getLogger(__name__)

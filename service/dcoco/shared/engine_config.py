@@ -29,7 +29,7 @@ class EngineConfig:
     # the features a drafter learns from (training data); empty when serving.
     feature_layers: tuple[int, ...] = ()
     # Verify, each cycle, the prefix of the draft that maximises expected tokens per second
-    # (see dcoco.engine.planner); False verifies all B drafted tokens, for fixed-B comparisons.
+    # (see dcoco.spec.planner); False verifies all B drafted tokens, for fixed-B comparisons.
     adaptive: bool = False
 
     def __post_init__(self) -> None:

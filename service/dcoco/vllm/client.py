@@ -32,6 +32,7 @@ from dcoco.settings import WorkerSettings
 from dcoco.shared.errors import UsageError
 from dcoco.shared.protocol import EngineDelta, EngineRequest
 from dcoco.shared.stats import CycleStats, SpecStats
+from dcoco.vllm.adaptive import ENV as ADAPTIVE_ENV
 from dcoco.vllm.cpu_env import cpu_preload
 from dcoco.vllm.engine_args import engine_kwargs
 from dcoco.vllm.metrics import PluginCollector
@@ -93,6 +94,7 @@ class VllmEngineClient:
             # Spawned, not forked: the children import prometheus_client afresh and so write
             # their series to the folder; this process, threads and all, is never forked.
             os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+            os.environ[ADAPTIVE_ENV] = "true" if settings.adaptive else "false"  # for EngineCore
             if not torch.cuda.is_available() and "LD_PRELOAD" not in os.environ:
                 os.environ["LD_PRELOAD"] = cpu_preload(Path(sys.prefix))  # for the children
                 log.info("vLLM's processes preload %s", os.environ["LD_PRELOAD"] or "nothing")

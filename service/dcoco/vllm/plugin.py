@@ -14,6 +14,7 @@
 5. In vLLM's child processes (EngineCore, Worker), the kernel is asked to end the process when
    its parent dies: a SIGKILLed `dcoco worker` or API server otherwise leaves its EngineCore
    running, holding its memory, forever.
+6. With DCOCO_ADAPTIVE set, the scheduler plans each step's draft count (`adaptive`).
 """
 
 import functools
@@ -41,6 +42,10 @@ def register() -> None:
     _guard_resolution(ModelRegistry)
     _install_v2_dispatch()
     _die_with_parent()
+    from dcoco.vllm import adaptive
+
+    if adaptive.enabled():
+        adaptive.install()
 
 
 def is_dcoco(architectures: list[str] | None) -> bool:

@@ -1,0 +1,164 @@
+"""The servers `make bench-vllm` puts side by side, each started alone, on one model pair.
+
+- vLLM's own OpenAI server (`python -m vllm.entrypoints.openai.api_server`): plain; fixed-B
+  DFlash (the DCOCO checkpoint exported as stock DFlash, vLLM's own class); fixed-B DCOCO (the
+  plugin); DCOCO with vLLM's static `num_speculative_tokens_per_batch_size` table; DCOCO with
+  the plugin's adaptive planner (DCOCO_ADAPTIVE).
+- Our gateway with Redis and a `dcoco worker --engine vllm` running adaptive DCOCO.
+
+vLLM's processes get their CPU environment (`vllm.cpu_env`); everything runs in fp32.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dcoco.serve import free_port, start_redis, stop
+from dcoco.vllm.cpu_env import cpu_preload
+from dcoco.vllm.export import ExportOptions, export_drafter
+
+READY_S = 600.0  # a first start compiles for minutes on 2 cores
+# On CPU this only sizes vLLM's start-up check of free memory (the KV cache is
+# VLLM_CPU_KVCACHE_SPACE); its 0.92 default fails whenever the machine is shared.
+MEMORY_SHARE = 0.3
+# vLLM's static table for the `vllm-table` server: the whole block alone, a few drafts under
+# light load, none under heavy load, as its users configure it.
+STATIC_TABLE = [[1, 2, 15], [3, 8, 4], [9, 1024, 0]]
+
+
+@dataclass(frozen=True)
+class Pair:
+    name: str  # the served model name
+    target: Path
+    dcoco: Path  # a DCOCODraftModel checkpoint
+
+
+@dataclass(frozen=True)
+class Server:
+    """One server of the comparison: how to start it, and where its counters live."""
+
+    name: str
+    speculative: str  # "none", "dflash", "dcoco"
+    adaptive: bool = False
+    table: bool = False
+    gateway: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+
+
+SERVERS = (
+    Server("vllm-plain", "none"),
+    Server("vllm-dflash", "dflash"),
+    Server("vllm-dcoco", "dcoco"),
+    Server("vllm-table", "dcoco", table=True),
+    Server("vllm-adaptive", "dcoco", adaptive=True),
+    Server("gateway+vllm-adaptive", "dcoco", adaptive=True, gateway=True),
+)
+
+
+def vllm_env(python: str) -> dict[str, str]:
+    """vLLM on CPU: no hub, 1 GiB of KV cache, its bundled OpenMP (and tcmalloc where
+    installed) preloaded; only vLLM's processes get them."""
+    preload = cpu_preload(Path(python).parent.parent)
+    return {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "LD_PRELOAD": preload}
+
+
+def speculative_config(
+    server: Server, pair: Pair, folder: Path, block: int
+) -> dict[str, object] | None:
+    if server.speculative == "none":
+        return None
+    drafter = pair.dcoco
+    if server.speculative == "dflash":
+        drafter = folder / "dflash-export"
+        if not drafter.exists():
+            export_drafter(pair.dcoco, drafter, ExportOptions(format="dflash"))
+    config: dict[str, object] = {
+        "method": "dflash",
+        "model": str(drafter),
+        "num_speculative_tokens": block,
+    }
+    if server.table:
+        config["num_speculative_tokens_per_batch_size"] = STATIC_TABLE
+    return config
+
+
+@contextmanager
+def running(
+    server: Server, pair: Pair, vllm_python: str, folder: Path, block: int, concurrency: int
+) -> Iterator[tuple[str, str]]:
+    """Starts `server`; yields (its base URL, its Prometheus URL); stops it on exit."""
+    env = os.environ | vllm_env(vllm_python)
+    env["DCOCO_ADAPTIVE"] = "1" if server.adaptive else "0"
+    log_path = folder / f"{server.name}.log"
+    port = free_port()
+    children: list[subprocess.Popen[bytes]] = []
+    with log_path.open("ab") as log:
+        if server.gateway:
+            redis_port, metrics_port = free_port(), free_port()
+            env |= {
+                "DCOCO_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+                "DCOCO_PORT": str(port),
+                "DCOCO_METRICS_PORT": str(metrics_port),
+                "DCOCO_MODEL_NAME": pair.name,
+                "DCOCO_ENGINE": "vllm",
+                "DCOCO_TARGET": str(pair.target),
+                "DCOCO_DRAFTER": str(pair.dcoco),
+                "DCOCO_NUM_SPECULATIVE_TOKENS": str(block),
+                "DCOCO_MAX_BATCH_SIZE": str(concurrency),
+                "DCOCO_MAX_MODEL_LEN": "1024",
+                "DCOCO_PRECISION": "fp32",
+                "DCOCO_LOG_LEVEL": "warning",
+                "DCOCO_VLLM_ARGS": json.dumps({"gpu_memory_utilization": MEMORY_SHARE}),
+            }
+            children.append(start_redis(redis_port, folder))
+            worker = [vllm_python, "-m", "dcoco", "worker"]
+            children.append(subprocess.Popen(worker, env=env, stdout=log, stderr=log))
+            gateway = [sys.executable, "-m", "dcoco", "gateway"]
+            children.append(subprocess.Popen(gateway, env=env, stdout=log, stderr=log))
+            url, ready = f"http://127.0.0.1:{port}", "/readyz"
+            metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+        else:
+            command = [vllm_python, "-m", "vllm.entrypoints.openai.api_server"]
+            command += ["--host", "127.0.0.1", "--port", str(port), "--model", str(pair.target)]
+            command += ["--dtype", "float32", "--served-model-name", pair.name, "--seed", "0"]
+            command += ["--max-model-len", "1024", "--max-num-seqs", str(concurrency)]
+            command += ["--gpu-memory-utilization", str(MEMORY_SHARE)]
+            spec = speculative_config(server, pair, folder, block)
+            if spec is not None:
+                command += ["--speculative-config", json.dumps(spec)]
+            env["PROMETHEUS_MULTIPROC_DIR"] = str(folder / f"prom-{server.name}")
+            Path(env["PROMETHEUS_MULTIPROC_DIR"]).mkdir(exist_ok=True)
+            children.append(
+                subprocess.Popen(command, env=env, stdout=log, stderr=log, start_new_session=True)
+            )
+            url, ready = f"http://127.0.0.1:{port}", "/health"
+            metrics = f"{url}/metrics"
+    try:
+        wait_ready(url + ready, children, log_path)
+        yield url, metrics
+    finally:
+        stop(list(reversed(children)), drain_s=5)
+
+
+def wait_ready(url: str, processes: list[subprocess.Popen[bytes]], log: Path) -> None:
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in processes):
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
+            raise RuntimeError(f"a process exited while {url} was starting:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                if reply.status == 200:
+                    time.sleep(1.0)  # a gateway's model catalogue refreshes each second
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} was not ready after {READY_S:.0f} s")

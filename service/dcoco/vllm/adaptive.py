@@ -1,0 +1,136 @@
+"""Adaptive speculation inside vLLM: each engine step drafts k <= B tokens, chosen per step.
+
+vLLM (0.32 and 0.33) carries one draft count per step from its scheduler to the model runner,
+`SchedulerOutput.num_spec_tokens_to_schedule`, which the proposer drafts (k = 0 drafts
+nothing; DFlash then runs only the pass that keeps its context in step) and the next step
+verifies. Its one producer is a static table by batch size (`num_speculative_tokens_per_batch_
+size`), read as `Scheduler.dynamic_sd_lookup[batch size]`. With DCOCO_ADAPTIVE set, the plugin
+puts a `PlannedLookup` there, in the EngineCore process: a lookup that asks the torch engine's
+planner (`dcoco.spec.planner`) for the k that maximises expected tokens a second at that batch
+size, from the acceptance by position and the step times it has measured. The scheduler's own
+code then does the rest, placeholders under async scheduling included, and a table there also
+stops vLLM padding decode rows to B.
+
+- `Scheduler.update_from_output` is wrapped to feed the planner each step: the rows, the drafts
+  verified, each row's accepted count, and the step's seconds (schedule to output).
+- A step that holds a seeded sampled request drafts all B: vLLM's rejection sampler draws a
+  seeded request's random numbers per verified draft, so its output would otherwise depend on
+  what the planner chose.
+- Any k is lossless: a prefix of a draft is a draft.
+
+The hook points are plain attributes and methods of vLLM's V1 `Scheduler`; `install` checks
+they exist and refuses to start otherwise (`versions.missing`).
+"""
+
+import functools
+import logging
+import os
+import time
+from typing import Any
+
+from dcoco.spec.planner import VerifyPlanner
+from dcoco.vllm.versions import UnsupportedVllm, missing
+
+log = logging.getLogger(__name__)
+ENV = "DCOCO_ADAPTIVE"  # the worker's setting, exported for vLLM's processes
+MARK = "__dcoco_adaptive__"
+SCHEDULER_HOOKS = ("__init__", "schedule", "update_from_output")
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class PlannedLookup(list[int]):
+    """Stands where vLLM keeps its batch size -> k table; each lookup asks the planner."""
+
+    def __init__(self, scheduler: Any, planner: VerifyPlanner, size: int) -> None:
+        super().__init__([planner.block] * (size + 1))
+        self.scheduler, self.planner = scheduler, planner
+
+    def __getitem__(self, rows: Any) -> Any:
+        if not isinstance(rows, int):
+            return super().__getitem__(rows)
+        if any(_seeded(request) for request in self.scheduler.running):
+            return self.planner.block
+        return self.planner.choose(rows)
+
+
+def _seeded(request: Any) -> bool:
+    params = getattr(request, "sampling_params", None)
+    return params is not None and params.seed is not None and params.temperature > 0
+
+
+def install() -> None:
+    """Wraps vLLM's V1 scheduler; idempotent."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    missing(Scheduler, SCHEDULER_HOOKS)
+    if getattr(Scheduler.__init__, MARK, False):
+        return
+    _wrap(Scheduler, "__init__", _init)
+    _wrap(Scheduler, "schedule", _schedule)
+    _wrap(Scheduler, "update_from_output", _update_from_output)
+
+
+def _wrap(owner: type, name: str, wrapper: Any) -> None:
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return wrapper(original, self, *args, **kwargs)
+
+    setattr(method, MARK, True)
+    setattr(owner, name, method)
+
+
+def _init(original: Any, self: Any, *args: Any, **kwargs: Any) -> None:
+    original(self, *args, **kwargs)
+    spec = getattr(self.vllm_config, "speculative_config", None)
+    if spec is None or spec.method != "dflash" or not self.num_spec_tokens:
+        return
+    if self.dynamic_sd_lookup is not None:
+        raise UnsupportedVllm(
+            f"{ENV} plans the draft count per step; drop num_speculative_tokens_per_batch_size "
+            "from the speculative config, or unset it"
+        )
+    planner = VerifyPlanner(self.num_spec_tokens)
+    self.dynamic_sd_lookup = PlannedLookup(self, planner, self.scheduler_config.max_num_seqs)
+    self._dcoco_started = {}  # id(SchedulerOutput) -> when schedule() returned it
+    log.info("DCOCO adaptive speculation: k <= %d planned per step", self.num_spec_tokens)
+
+
+def _schedule(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    output = original(self, *args, **kwargs)
+    if isinstance(self.dynamic_sd_lookup, PlannedLookup):
+        self._dcoco_started[id(output)] = time.perf_counter()
+    return output
+
+
+def _update_from_output(
+    original: Any, self: Any, scheduler_output: Any, runner_output: Any, *args: Any, **kw: Any
+) -> Any:
+    lookup = self.dynamic_sd_lookup
+    if isinstance(lookup, PlannedLookup):
+        started = self._dcoco_started.pop(id(scheduler_output), None)
+        if started is not None:
+            observe(lookup.planner, scheduler_output, runner_output, time.perf_counter() - started)
+    return original(self, scheduler_output, runner_output, *args, **kw)
+
+
+def observe(
+    planner: VerifyPlanner, scheduler_output: Any, runner_output: Any, seconds: float
+) -> None:
+    """One step's verified drafts, accepted counts and time, into the planner."""
+    drafts = scheduler_output.scheduled_spec_decode_tokens  # request id -> drafted ids
+    rows = len(scheduler_output.num_scheduled_tokens)
+    if not rows:
+        return
+    k = max((len(d) for d in drafts.values()), default=0)
+    accepted = []
+    for request_id, drafted in drafts.items():
+        index = runner_output.req_id_to_index.get(request_id)
+        sampled = runner_output.sampled_token_ids
+        if index is not None and len(drafted) == k and index < len(sampled):
+            accepted.append(max(0, len(sampled[index]) - 1))  # the bonus token is not a draft
+    planner.observe(rows, k if accepted else 0, accepted, 0.0, seconds)
