@@ -194,10 +194,11 @@ $(CRD_SCHEMAS):
 helm-check: $(HELM) $(CRD_SCHEMAS)
 	$(BIN)/python helm/chartcheck.py --helm $(HELM)
 
-# The alert rules: syntax, then each alert firing on synthetic series.
+# The rules: syntax, then each alert firing on synthetic series, and the capacity and backlog
+# recording rules with the workers KEDA's capacity trigger asks for.
 monitoring-check:
-	promtool check rules helm/dcoco/files/dcoco-alerts.yaml
-	promtool test rules monitoring/alerts-test.yaml
+	promtool check rules helm/dcoco/files/dcoco-rules.yaml
+	promtool test rules monitoring/alerts-test.yaml monitoring/capacity-test.yaml
 
 # Regenerates the Grafana dashboard the chart ships.
 dashboard:

@@ -302,6 +302,47 @@ def queue() -> list[Panel]:
     ]
 
 
+def capacity() -> list[Panel]:
+    """From the recording rules of the chart's rule file (files/dcoco-rules.yaml), which KEDA's
+    capacity trigger reads too; they are per model, so the instance variable does not apply."""
+    selector = 'model=~"$model"'
+    live = f"model:dcoco_capacity_tokens_per_second:rate5m{{{selector}}}"
+    backlog = f"model:dcoco_backlog_tokens:sum{{{selector}}}"
+    generated = rate("dcoco_generation_tokens_total", by="model")
+    return [
+        series(
+            "Capacity and generated tokens / s",
+            "Tokens a second the live workers can generate when full (accepted length x "
+            "batch / cycle time, each worker's batch its concurrency), and what they generate.",
+            [
+                query(live, "{{model}} capacity"),
+                query(generated, "{{model}} generated", "B"),
+            ],
+            unit="tokens/s",
+        ),
+        series(
+            "Backlog",
+            "Tokens still to generate: max_tokens of every waiting request plus what every "
+            "running one may still generate.",
+            [query(backlog, "{{model}}")],
+        ),
+        series(
+            "Backlog in seconds of work",
+            "Seconds the live workers need to generate the backlog at their capacity, and "
+            "seconds one worker needs (what KEDA's capacity trigger divides by its target).",
+            [
+                query(f"{backlog} / on (model) ({live} > 0)", "{{model}} live workers"),
+                query(
+                    f"model:dcoco_backlog_worker_seconds:rate5m{{{selector}}}",
+                    "{{model}} one worker",
+                    "B",
+                ),
+            ],
+            unit="s",
+        ),
+    ]
+
+
 def vllm_overview() -> list[Panel]:
     accepted = rate("vllm:spec_decode_num_accepted_tokens_total", V)
     drafted = rate("vllm:spec_decode_num_draft_tokens_total", V)
@@ -419,7 +460,8 @@ def build() -> db.Dashboard:
         .uid(UID)
         .description(
             "DCOCO speculative decoding: acceptance, the corrector, cycle cost, latency as clients "
-            "see it, the Redis queue and workers; and vLLM's own spec-decode series."
+            "see it, the Redis queue and workers, capacity and backlog; and vLLM's own "
+            "spec-decode series."
         )
         .tags(["dcoco", "vllm", "speculative-decoding"])
         .editable()
@@ -435,6 +477,7 @@ def build() -> db.Dashboard:
         ("Speculation", speculation()),
         ("Latency and throughput", latency()),
         ("Queue and workers", queue()),
+        ("Capacity and backlog", capacity()),
         ("vLLM spec decode", vllm_overview() + vllm_series()),
     ]
     for title, panels in rows:

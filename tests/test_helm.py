@@ -255,8 +255,8 @@ def test_keda_scales_each_model_on_its_stream_lag() -> None:
     assert scaled["spec"]["scaleTargetRef"] == {"name": worker["metadata"]["name"]}
     assert scaled["spec"]["minReplicaCount"] == 0
     assert scaled["spec"]["maxReplicaCount"] == 8
-    (trigger,) = scaled["spec"]["triggers"]
-    assert trigger["type"] == "redis-streams"
+    trigger = scaled["spec"]["triggers"][0]
+    assert (trigger["type"], trigger["name"]) == ("redis-streams", "lag")
     # A consumer group plus lagCount is lag mode (XINFO GROUPS); pendingEntriesCount would read
     # 0 with no consumer running and could never wake the model from zero.
     assert trigger["metadata"] == {
@@ -290,6 +290,32 @@ def test_keda_scales_each_model_on_its_stream_lag() -> None:
     assert not of_kind(plain, "ScaledObject")
     assert not of_kind(plain, "TriggerAuthentication")
     assert env(named(plain, "Deployment", "gateway"))["DCOCO_QUEUE_TIMEOUT_S"] == "30"
+
+
+def test_keda_also_scales_on_capacity_with_the_query_the_rule_tests_check() -> None:
+    """The capacity trigger reads the recording rule that monitoring/capacity-test.yaml tests,
+    with the very query those tests evaluate (there for models long, short and m)."""
+    manifests = render("keda")
+    lag, capacity = of_kind(manifests, "ScaledObject")[0]["spec"]["triggers"]
+    assert lag["name"] == "lag"
+    assert capacity["type"] == "prometheus"
+    assert (capacity["name"], capacity["metricType"]) == ("capacity", "AverageValue")
+    assert capacity["metadata"] == {
+        "serverAddress": "http://prometheus-operated.monitoring:9090",
+        "query": 'sum(model:dcoco_backlog_worker_seconds:rate5m{model="qwen3-8b-dcoco"})'
+        " or vector(0)",
+        "threshold": "30",
+    }
+    tests = (ROOT / "monitoring" / "capacity-test.yaml").read_text()
+    for model in ("long", "short", "m"):
+        assert capacity["metadata"]["query"].replace("qwen3-8b-dcoco", model) in tests
+    rules = named(manifests, "PrometheusRule", "dcoco")["spec"]["groups"]
+    recorded = {r.get("record") for g in rules for r in g["rules"]}
+    assert "model:dcoco_backlog_worker_seconds:rate5m" in recorded
+    with pytest.raises(RuntimeError, match="serverAddress is required"):
+        render("keda", "models[0].autoscaling.capacity.serverAddress=")
+    lag_only = render("keda", "models[0].autoscaling.capacity.enabled=false")
+    assert [t["name"] for t in of_kind(lag_only, "ScaledObject")[0]["spec"]["triggers"]] == ["lag"]
 
 
 def test_network_policies_admit_only_what_they_should() -> None:
@@ -375,7 +401,7 @@ def test_monitoring_resources_carry_the_shipped_rules_and_dashboard() -> None:
     manifests = render("two-models")
     files = chartcheck.CHART / "files"
     rule = of_kind(manifests, "PrometheusRule")[0]
-    assert rule["spec"] == yaml.safe_load((files / "dcoco-alerts.yaml").read_text())
+    assert rule["spec"] == yaml.safe_load((files / "dcoco-rules.yaml").read_text())
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     board = named(manifests, "ConfigMap", "dashboard")
     assert board["metadata"]["labels"]["grafana_dashboard"] == "1"

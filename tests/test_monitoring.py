@@ -6,11 +6,13 @@ real stack (redis-server, worker and gateway processes) after traffic, the core 
 import json
 import math
 import shutil
+import signal
 import subprocess
 import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,7 @@ import yaml
 
 from dcoco.serve import free_port
 from factories import write_models
-from stack import Stack, http_status, wait_for
+from stack import Stack, fetch, http_status, metric_values, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "monitoring"))
@@ -29,7 +31,7 @@ import dashboard  # noqa: E402
 
 FILES = ROOT / "helm" / "dcoco" / "files"
 BOARD = json.loads((FILES / "dcoco-dashboard.json").read_text())
-RULES = yaml.safe_load((FILES / "dcoco-alerts.yaml").read_text())
+RULES = yaml.safe_load((FILES / "dcoco-rules.yaml").read_text())
 WINDOW = "1m"  # stands for $__rate_interval: covers the whole burst of traffic below
 
 
@@ -77,6 +79,9 @@ def test_dashboard_variables_and_panels() -> None:
         "Queue wait",
         "Rejections by reason",
         "Live workers",
+        "Capacity and generated tokens / s",
+        "Backlog",
+        "Backlog in seconds of work",
         # vLLM's spec-decode dashboard, at parity
         "vLLM draft acceptance rate",
         "vLLM acceptance length",
@@ -99,22 +104,30 @@ def test_dashboard_variables_and_panels() -> None:
 
 
 def test_promtool_checks_the_rules_and_every_alert_fires_in_its_unit_test() -> None:
+    """Also the capacity tests: the recording rules, and the workers KEDA's capacity trigger
+    asks for (tests/test_helm.py checks the chart renders the query they evaluate)."""
     promtool = require("promtool")
     checked = subprocess.run(
-        [promtool, "check", "rules", str(FILES / "dcoco-alerts.yaml")],
+        [promtool, "check", "rules", str(FILES / "dcoco-rules.yaml")],
         capture_output=True,
         text=True,
         check=False,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     tested = subprocess.run(
-        [promtool, "test", "rules", str(ROOT / "monitoring" / "alerts-test.yaml")],
+        [
+            promtool,
+            "test",
+            "rules",
+            str(ROOT / "monitoring" / "alerts-test.yaml"),
+            str(ROOT / "monitoring" / "capacity-test.yaml"),
+        ],
         capture_output=True,
         text=True,
         check=False,
     )
     assert tested.returncode == 0, tested.stdout + tested.stderr
-    alerts = {r["alert"] for g in RULES["groups"] for r in g["rules"]}
+    alerts = {r["alert"] for g in RULES["groups"] for r in g["rules"] if "alert" in r}
     tests = yaml.safe_load((ROOT / "monitoring" / "alerts-test.yaml").read_text())["tests"]
     fired = {
         case["alertname"]
@@ -133,7 +146,7 @@ class Prometheus:
         self.url = f"http://127.0.0.1:{self.port}"
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(FILES / "dcoco-alerts.yaml")],
+            "rule_files": [str(FILES / "dcoco-rules.yaml")],
             "scrape_configs": [
                 {"job_name": job, "static_configs": [{"targets": hosts}]}
                 for job, hosts in targets.items()
@@ -231,21 +244,59 @@ def test_every_query_parses_and_the_core_panels_return_data(
 
 
 @pytest.mark.slow
-def test_every_alert_expression_parses_and_the_rules_evaluate(
+def test_every_rule_expression_parses_and_the_rules_evaluate(
     scraped: tuple[Stack, Prometheus],
 ) -> None:
     _, prometheus = scraped
     for group in RULES["groups"]:
         for rule in group["rules"]:
             reply = prometheus.query(rule["expr"])
-            assert reply.status_code == 200, (rule["alert"], reply.text)
-    query = urllib.parse.urlencode({"type": "alert"})
+            assert reply.status_code == 200, (rule.get("alert", rule.get("record")), reply.text)
 
-    def evaluated() -> bool:
+    def evaluated(kind: str, count: int) -> bool:
+        query = urllib.parse.urlencode({"type": kind})
         groups = httpx.get(f"{prometheus.url}/api/v1/rules?{query}", timeout=10).json()
         rules = [r for g in groups["data"]["groups"] for r in g["rules"]]
-        return len(rules) == 7 and all(r["health"] == "ok" for r in rules)
+        return len(rules) == count and all(r["health"] == "ok" for r in rules)
 
-    wait_for(evaluated, 20, "the rules to evaluate healthy")
+    wait_for(lambda: evaluated("alert", 7), 20, "the alert rules to evaluate healthy")
+    wait_for(lambda: evaluated("record", 6), 20, "the recording rules to evaluate healthy")
     firing = httpx.get(f"{prometheus.url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
     assert [a for a in firing if a["state"] == "firing"] == []  # a healthy stack raises nothing
+    # The stack's measured capacity: accepted length (1..B+1, B = 4) x 32 / cycle time.
+    capacity = prometheus.values("model:dcoco_worker_capacity_tokens_per_second:rate5m")
+    (length,) = prometheus.values("model:dcoco_spec_accepted_length:rate5m")
+    (cycle,) = prometheus.values("model:dcoco_spec_cycle_seconds:mean5m")
+    assert 1.0 <= length <= 5.0
+    assert capacity == [pytest.approx(length * 32 / cycle)]
+    assert prometheus.values("model:dcoco_backlog_tokens:sum") == [0.0]  # the traffic is done
+
+
+def backlog(stack: Stack) -> float:
+    """The gateway's dcoco_backlog_tokens for the stack's model."""
+    series = metric_values(fetch(f"{stack.url}/metrics"))
+    return series[f'dcoco_backlog_tokens{{model="{Stack.MODEL}"}}']
+
+
+@pytest.mark.slow
+def test_the_backlog_counts_max_tokens_while_requests_wait_and_nothing_once_answered(
+    scraped: tuple[Stack, Prometheus],
+) -> None:
+    """With the worker stopped (SIGSTOP), two requests wait: their max_tokens are the backlog;
+    once the worker resumes and answers them, nothing is left."""
+    stack, _ = scraped
+    worker = stack.workers[0]
+    body = {"model": Stack.MODEL, "messages": [{"role": "user", "content": "x = "}]}
+    worker.signal(signal.SIGSTOP)
+    try:
+        with httpx.Client(base_url=stack.url, timeout=60) as client, ThreadPoolExecutor(2) as pool:
+            replies = [
+                pool.submit(client.post, "/v1/chat/completions", json=body | {"max_tokens": n})
+                for n in (24, 7)
+            ]
+            wait_for(lambda: backlog(stack) == 31, 10, "the waiting requests' max_tokens")
+            worker.signal(signal.SIGCONT)
+            assert [r.result().status_code for r in replies] == [200, 200]
+    finally:
+        worker.signal(signal.SIGCONT)
+    assert backlog(stack) == 0

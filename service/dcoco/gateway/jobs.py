@@ -94,15 +94,23 @@ class Jobs:
         job.unstarted = set(range(len(job.ids)))
         job.unfinished = set(range(len(job.ids)))
         job.readers = [
-            asyncio.create_task(self._follow(job, i, rid)) for i, rid in enumerate(job.ids)
+            asyncio.create_task(self._follow(job, i, rid, params.max_tokens))
+            for i, rid in enumerate(job.ids)
         ]
         return job
 
-    async def _follow(self, job: Job, index: int, request_id: str) -> None:
+    async def _follow(self, job: Job, index: int, request_id: str, max_tokens: int) -> None:
+        """Relays one choice's events into the job; meanwhile the choice's tokens still to
+        generate (max_tokens less those received) count in dcoco_backlog_tokens."""
+        backlog, left = self.metrics.backlog_tokens.labels(job.model), max_tokens
+        backlog.inc(left)
         try:
             async for event in self.queue.events(
                 request_id, self.first_timeout_s, self.settings.stall_timeout_s
             ):
+                received = min(left, len(event.token_ids))
+                backlog.dec(received)
+                left -= received
                 job.events.put_nowait((index, event))
         except QueueTimeout as timeout:
             job.events.put_nowait((index, _timeout(timeout.started, self.settings)))
@@ -113,6 +121,8 @@ class Jobs:
             job.events.put_nowait(
                 (index, APIError("a worker sent a malformed event", code="bad_event"))
             )
+        finally:
+            backlog.dec(left)
 
     async def _next(self, job: Job, ping_s: float | None = None) -> Item | None:
         """The next event of any choice; None after `ping_s` of silence. Raises Timeout once

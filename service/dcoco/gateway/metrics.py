@@ -9,6 +9,8 @@ queue depth and live workers per model (refreshed from Redis in the background).
         sum by (phase) (rate(dcoco_client_timeouts_total[5m]))
     requests waiting per worker (a KEDA/HPA signal):
         sum by (model) (dcoco_queue_depth) / clamp_min(sum by (model) (dcoco_workers), 1)
+    tokens still to generate, over every gateway (each counts the requests it follows):
+        sum by (model) (dcoco_backlog_tokens)
 """
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -51,6 +53,13 @@ class GatewayMetrics:
             "dcoco_queue_depth", "Requests waiting, not picked up", ["model"], registry=registry
         )
         self.workers = Gauge("dcoco_workers", "Live workers", ["model"], registry=registry)
+        self.backlog_tokens = Gauge(
+            "dcoco_backlog_tokens",
+            "Tokens still to generate for the requests this gateway follows: max_tokens of each"
+            " waiting request, max_tokens less those received of each running one",
+            ["model"],
+            registry=registry,
+        )
         self.client_timeouts = Counter(
             "dcoco_client_timeouts",
             "Connections closed on a slow or idle client, by phase: idle, headers or body",

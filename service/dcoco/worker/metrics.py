@@ -15,6 +15,11 @@ Useful PromQL (all series carry `model`):
     p99 cycle time:
         histogram_quantile(0.99,
           sum by (le) (rate(dcoco_spec_cycle_seconds_bucket{phase="total"}[5m])))
+    a full worker's capacity in tokens a second (accepted length x batch / cycle time):
+        (1 + rate(dcoco_spec_accepted_tokens_total[5m]) / rate(dcoco_spec_cycles_total[5m]))
+          * dcoco_worker_max_batch_size
+          / (rate(dcoco_spec_cycle_seconds_sum{phase="total"}[5m])
+             / rate(dcoco_spec_cycle_seconds_count{phase="total"}[5m]))
 """
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -97,6 +102,12 @@ class WorkerMetrics:
             "dcoco_worker_loop_restarts",
             "Crashes of a worker loop, each followed by a restart",
             ["model", "loop"],
+            registry=registry,
+        )
+        self.max_batch_size = Gauge(
+            "dcoco_worker_max_batch_size",
+            "Sequences the worker's engine runs at once (DCOCO_MAX_BATCH_SIZE): its concurrency",
+            m,
             registry=registry,
         )
         self.requests = Counter(
