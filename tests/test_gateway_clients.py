@@ -148,6 +148,21 @@ def test_headers_sent_a_byte_at_a_time_get_a_408_and_the_connection_closed(
     assert count(stack, "dcoco_client_timeouts_total", phase="headers") == before + 1
 
 
+def test_a_kept_alive_connection_s_stalled_next_request_gets_a_408_after_the_first_answer(
+    stack: Stack,
+) -> None:
+    before = count(stack, "dcoco_client_timeouts_total", phase="headers")
+    with connect(stack) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: gateway\r\n\r\nGET /heal")  # then stalls
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    first, _, rest = answer.partition(b"HTTP/1.1 408 ")
+    assert first.startswith(b"HTTP/1.1 200 ")  # answered whole, then the 408
+    assert rest
+    assert count(stack, "dcoco_client_timeouts_total", phase="headers") == before + 1
+
+
 def test_a_body_sent_a_byte_at_a_time_gets_a_408_and_the_connection_closed(
     stack: Stack,
 ) -> None:

@@ -88,11 +88,17 @@ def protocol_with_deadlines(
             if self.transport.is_closing():
                 return
             closed(phase)
-            cycle = self.cycle if phase == "body" else None
-            if cycle is not None:
-                cycle.scope["state"][BODY_TIMED_OUT] = True
-            if cycle is None or not cycle.response_started:
+            if phase == "body":
+                self.cycle.scope["state"][BODY_TIMED_OUT] = True
+            if self._can_answer(phase):
                 self.transport.write(timeout_response(phase, limit_s))
             self.transport.close()
+
+        def _can_answer(self, phase: str) -> bool:
+            """Whether a 408 can be written without cutting into a response under way: the
+            previous request's (headers of a pipelined request stalled) or this one's."""
+            if phase == "headers":
+                return self.cycle is None or self.cycle.response_complete
+            return not self.pipeline and not self.cycle.response_started
 
     return DeadlineProtocol
