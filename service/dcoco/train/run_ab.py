@@ -2,8 +2,9 @@
 each source's shards, exported as model folders for `dcoco eval`.
 
     python -m dcoco.train.run_ab teacher --sequences 1024 --out build/ab/teacher
-    python -m dcoco.train.run_ab train --shards build/ab/teacher/*.pt --labels argmax \\
-        --steps 250 --export-at 60 250 --out build/ab/argmax
+    python -m dcoco.train.run_ab train --shards build/ab/teacher/shards/*.pt --labels argmax \\
+        --steps 240 --export-at 60 240 --out build/ab/argmax
+    python -m dcoco.train.run_ab summary argmax=build/ab/argmax/step-240/eval/eval-results.json
 
 `teacher` prefills the run's first prompts with their texts' answers (argmax kept, so one set
 of shards serves every label mode) and records its CPU seconds; `train` runs the leg's DFlash
@@ -11,7 +12,8 @@ step on the given shards (self-distilled ones from `dcoco train-run`, or teacher
 and exports the weights as trained, not averaged (an average over a few hundred steps would
 still be mostly the shipped weights), at each `--export-at` step into `<out>/step-<n>/`, a
 models folder whose other entries link to the shipped ones. Each writes a JSON record of what
-it did and the CPU seconds it took, so that arms can be compared at equal CPU time.
+it did and the CPU seconds it took, so that arms can be compared at equal CPU time. `summary`
+reads each arm's `dcoco eval` results into one line of figures.
 """
 
 import argparse
@@ -122,6 +124,36 @@ def _models_folder(models: Path, folder: Path, dflash: DFlashDrafter) -> None:
             os.symlink((models / name).resolve(), link)
 
 
+def summary(name: str, results: dict[str, Any], drafter: str = "dflash") -> dict[str, Any]:
+    """One arm's figures from a `dcoco eval` results file: the drafter's accepted length per
+    suite (greedy, batch 1) and their mean, and coverage at slots 1 and B averaged over suites."""
+    lengths = {
+        r["suite"]: r["accepted_length"]
+        for r in results["runs"]
+        if r["variant"] == drafter and r["setting"] == "greedy-b1"
+    }
+    coverage = list(results["coverage"][drafter].values())
+
+    def mean(key: str, at: int) -> float:
+        return round(sum(c[key][at] for c in coverage) / len(coverage), 3)
+
+    return {
+        "arm": name,
+        "accepted_length": {k: round(v, 3) for k, v in lengths.items()},
+        "mean_accepted_length": round(sum(lengths.values()) / len(lengths), 3),
+        "top1_slot1": mean("top1_by_depth", 0),
+        "topk_slot1": mean("topk_by_depth", 0),
+        "top1_slot15": mean("top1_by_depth", -1),
+        "topk_slot15": mean("topk_by_depth", -1),
+        "teacher_forced_accepted_length": round(
+            sum(c["teacher_forced_accepted_length_top1"] for c in coverage) / len(coverage), 3
+        ),
+        "oracle_walk": round(
+            sum(c["teacher_forced_accepted_length_oracle"] for c in coverage) / len(coverage), 3
+        ),
+    }
+
+
 def ab_config(steps: int, threads: int) -> RunConfig:
     """The leg's DFlash settings, the schedule fitted to an arm of `steps` steps."""
     base = SMOLLM2_RUN
@@ -147,7 +179,14 @@ def main() -> None:
     train.add_argument("--steps", type=int, required=True)
     train.add_argument("--export-at", type=int, nargs="+", required=True)
     train.add_argument("--out", type=Path, required=True)
+    report = commands.add_parser("summary", help="each arm's figures from its eval results")
+    report.add_argument("arms", nargs="+", help="NAME=path/to/eval-results.json")
     args = parser.parse_args()
+    if args.command == "summary":
+        for arm in args.arms:
+            name, path = arm.split("=", 1)
+            print(json.dumps(summary(name, json.loads(Path(path).read_text()))))
+        return
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.command == "teacher":

@@ -1,0 +1,56 @@
+"""The A/B instruments: teacher-forced figures from fixed greedy completions agree with the
+evaluation's coverage table, and an arm's summary reads a `dcoco eval` results file."""
+
+import pytest
+
+from dcoco.checkpoint import load_drafter, load_target
+from dcoco.eval.coverage import measure_coverage
+from dcoco.paths import TINY_DFLASH, TINY_HELDOUT, TINY_TARGET
+from dcoco.train.run_ab import summary
+from dcoco.train.run_coverage import arm_coverage, completions
+
+pytestmark = pytest.mark.slow
+
+
+def test_teacher_forced_figures_match_the_evaluations_coverage() -> None:
+    pairs = completions(TINY_TARGET, TINY_HELDOUT, limit=2, max_tokens=24)
+    assert set(pairs) == {"code", "math", "prose", "humaneval", "gsm8k", "mtbench"}
+    assert all(len(p) == 2 and all(c for _, c in p) for p in pairs.values())
+    figures = arm_coverage(TINY_TARGET, TINY_DFLASH, pairs, 16)
+    target = load_target(TINY_TARGET)
+    drafter = load_drafter(TINY_DFLASH)
+    for name, suite in pairs.items():
+        expected = measure_coverage(target, drafter, suite, 16).summary()
+        assert figures["accepted_length"][name] == pytest.approx(
+            expected["teacher_forced_accepted_length_top1"], abs=0.05
+        )  # bf16 here, fp32 there
+    block = drafter.config.block_size
+    assert len(figures["top1_by_depth"]) == block
+    assert 1.0 <= figures["mean_accepted_length"] <= figures["oracle_walk"] <= block + 1
+    assert figures["top1_slot1"] <= figures["topk_slot1"]
+
+
+def test_an_arms_summary_reads_the_eval_results() -> None:
+    def coverage(top1: float, accepted: float) -> dict[str, object]:
+        return {
+            "top1_by_depth": [top1, 0.1],
+            "topk_by_depth": [0.9, 0.5],
+            "teacher_forced_accepted_length_top1": accepted,
+            "teacher_forced_accepted_length_oracle": 3.0,
+        }
+
+    results = {
+        "runs": [
+            {"suite": "code", "variant": "dflash", "setting": "greedy-b1", "accepted_length": 2.0},
+            {"suite": "math", "variant": "dflash", "setting": "greedy-b1", "accepted_length": 3.0},
+            {"suite": "math", "variant": "dflash", "setting": "t1-b1", "accepted_length": 9.0},
+            {"suite": "math", "variant": "vanilla", "setting": "greedy-b1", "accepted_length": 1},
+        ],
+        "coverage": {"dflash": {"code": coverage(0.4, 1.5), "math": coverage(0.6, 2.5)}},
+    }
+    got = summary("arm", results)
+    assert got["accepted_length"] == {"code": 2.0, "math": 3.0}
+    assert got["mean_accepted_length"] == 2.5
+    assert got["top1_slot1"] == 0.5
+    assert got["top1_slot15"] == 0.1
+    assert got["teacher_forced_accepted_length"] == 2.0
