@@ -74,7 +74,7 @@ def test_a_reduced_vocabulary_scores_its_tokens_as_the_whole_one_and_stays_lossl
         eng.step()
         with torch.no_grad():
             draft = eng.runner.draft(eng.scheduler.running)
-            drafted = eng.runner.correct(draft).tokens  # [1, B]
+            drafted = eng.runner.correct(draft, [mode is Mode.DCOCO]).tokens  # [1, B]
             best = ids[target.lm_head(draft.hidden)[..., ids].argmax(-1)]  # [1, B]
         assert set(drafted.flatten().tolist()) <= set(ids.tolist())
         if mode is Mode.DFLASH:

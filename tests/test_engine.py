@@ -268,3 +268,48 @@ def test_long_prompts_join_in_chunks_while_others_decode(pair: Pair, mode: Mode)
     assert steps_until_p2 == 4  # 60 prompt tokens, 16 a step
     for name, prompt in prompts.items():
         assert outputs[name] == greedy_reference(pair[0], prompt, 60 if name == "r0" else 20)
+
+
+def test_each_request_speculates_as_it_asked_inside_one_batch(pair: Pair) -> None:
+    """off, dflash and dcoco side by side in one DCOCO engine: every output is the target's
+    own (fp32), and each token's provenance adds up to the request's usage."""
+    eng = engine(pair, Mode.DCOCO, batch=6)
+    asked = [None, Mode.VANILLA, Mode.DFLASH, Mode.DCOCO, Mode.VANILLA, Mode.DCOCO]
+    sources: dict[str, list[str]] = {}
+    tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
+    rejected: dict[str, int] = {}
+    stats = {}
+    for i, (prompt, mode) in enumerate(zip(PROMPTS, asked, strict=True)):
+        eng.add_request(f"r{i}", prompt, SamplingParams(max_tokens=30, speculation=mode))
+        sources[f"r{i}"], rejected[f"r{i}"] = [], 0
+    methods = set()
+    while eng.has_unfinished():
+        step = eng.step()
+        methods |= {c.method for c in step.cycles}
+        for out in step.outputs:
+            assert len(out.provenance) == len(out.new_token_ids)
+            sources[out.request_id] += out.provenance
+            tokens[out.request_id] += out.new_token_ids
+            rejected[out.request_id] += len(out.rejected)
+            stats[out.request_id] = out.stats
+    assert methods == {"off", "dflash", "dcoco"}
+    for i, (prompt, mode) in enumerate(zip(PROMPTS, asked, strict=True)):
+        name, s = f"r{i}", stats[f"r{i}"]
+        drafted = sources[name].count("drafted") + sources[name].count("corrected")
+        assert drafted == s.accepted_tokens, name
+        assert rejected[name] == s.rejected_tokens, name
+        assert sources[name].count("corrected") == s.corrected_accepted_tokens, name
+        if mode is Mode.VANILLA:
+            assert set(sources[name]) == {"target"}
+            assert s.draft_tokens == 0
+        if mode is Mode.DFLASH:
+            assert "corrected" not in sources[name]
+        assert tokens[name] == greedy_reference(pair[0], prompt, 30), name
+    assert all("drafted" in sources[f"r{i}"] for i in (0, 2, 3, 5))
+
+
+def test_an_engine_refuses_speculation_it_cannot_run(pair: Pair) -> None:
+    eng = engine(pair, Mode.DFLASH)
+    eng.add_request("fine", [1, 2], SamplingParams(speculation=Mode.VANILLA))
+    with pytest.raises(ValueError, match="speculation 'dcoco' is not available"):
+        eng.add_request("no", [1, 2], SamplingParams(speculation=Mode.DCOCO))

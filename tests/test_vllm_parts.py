@@ -315,9 +315,9 @@ def test_plugin_series_come_from_the_multiprocess_folder(tmp_path: Path) -> None
     metrics = WorkerMetrics(registry, "tiny")
     metrics.defer_to(PluginCollector(tmp_path), PLUGIN_SERIES)
     text = generate_latest(registry).decode()
-    assert 'dcoco_spec_corrected_tokens_total{model="tiny"} 3.0' in text
-    assert 'dcoco_spec_corrected_accepted_tokens_total{model="tiny"} 1.0' in text
-    assert 'dcoco_spec_cycle_seconds_count{model="tiny",phase="correct"} 1.0' in text
+    assert 'dcoco_spec_corrected_tokens_total{method="dcoco",model="tiny"} 3.0' in text
+    assert 'dcoco_spec_corrected_accepted_tokens_total{method="dcoco",model="tiny"} 1.0' in text
+    assert 'dcoco_spec_cycle_seconds_count{method="dcoco",model="tiny",phase="correct"} 1.0' in text
     assert text.count("# TYPE dcoco_spec_corrected_tokens_total") == 1
     assert "vllm_other" not in text
     assert "dcoco_spec_cycles_total" in text  # the worker's own series are still there

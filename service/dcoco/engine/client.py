@@ -67,9 +67,9 @@ class TorchEngineClient:
         try:
             while self._apply_commands(block=not self.engine.has_unfinished()):
                 result = self.engine.step()
-                if result.cycle is not None:
+                if result.cycles:
                     with self._stats_lock:
-                        self._stats.append(result.cycle)
+                        self._stats += result.cycles
                 self._loop.call_soon_threadsafe(self._dispatch, result)
         except Exception as failure:
             log.exception("engine thread failed")
@@ -105,7 +105,15 @@ class TorchEngineClient:
 
     def _dispatch(self, result: StepResult) -> None:
         for out in result.outputs:
-            delta = EngineDelta(out.new_token_ids, out.finished, out.finish_reason, out.stats)
+            delta = EngineDelta(
+                out.new_token_ids,
+                out.finished,
+                out.finish_reason,
+                out.stats,
+                provenance=out.provenance,
+                rejected=out.rejected,
+                cycle=out.cycle,
+            )
             self._deliver(out.request_id, delta)
 
     def _deliver(self, request_id: str, delta: EngineDelta) -> None:

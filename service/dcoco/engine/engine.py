@@ -4,13 +4,13 @@
 draft, correct, verify, commit. Requests join and leave between steps.
 """
 
-import copy
 import logging
 import time
 from dataclasses import replace
 
 import torch
 
+from dcoco.engine.accounting import CycleBook, provenance, report
 from dcoco.engine.checks import check_models
 from dcoco.engine.outputs import Completion, RequestOutput, StepResult
 from dcoco.engine.runner import ContextUpdate, ModelRunner
@@ -20,7 +20,7 @@ from dcoco.engine.uniforms import position_uniforms, request_key
 from dcoco.model.causal_lm import CausalLM
 from dcoco.precision import CostTable, cost_table, widths
 from dcoco.shared.engine_config import EngineConfig
-from dcoco.shared.options import Precision
+from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams
 from dcoco.shared.stats import CycleStats, SpecStats
 from dcoco.spec.drafter import DFlashDrafter
@@ -72,6 +72,7 @@ class Engine:
             )
         if not all(0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        mode = self._mode(params.speculation)
         stops = set(params.stop_token_ids) | (
             set() if params.ignore_eos else set(self.cfg.eos_token_ids)
         )
@@ -84,8 +85,21 @@ class Engine:
                 self.max_model_len,
                 frozenset(stops),
                 sample_key=request_key(params.seed, self.generator),
+                mode=mode,
             )
         )
+
+    def _mode(self, asked: Mode | None) -> Mode:
+        """A request's speculation: its own when this engine can run it, else the engine's.
+        A DCOCO engine runs all three; a DFlash one DFlash and none; a vanilla one none."""
+        mode = asked or self.cfg.mode
+        rank = {Mode.VANILLA: 0, Mode.DFLASH: 1, Mode.DCOCO: 2}
+        if rank[mode] > rank[self.cfg.mode]:
+            raise ValueError(
+                f"speculation {mode.speculation!r} is not available: this engine runs "
+                f"{self.cfg.mode.speculation!r} (it can also run what drafts less)"
+            )
+        return mode
 
     def abort(self, request_id: str) -> bool:
         """Drops a request wherever it is; its slot is free for the next step."""
@@ -106,7 +120,7 @@ class Engine:
             self._release_finished()
         active = self.scheduler.running
         if active:
-            result.cycle = (
+            result.cycles = (
                 self._speculate(active, result) if self.block else self._decode(active, result)
             )
         self._release_finished()
@@ -130,7 +144,7 @@ class Engine:
         cycles = []
         while self.has_unfinished():
             step = self.step()
-            cycles += [step.cycle] if step.cycle else []
+            cycles += step.cycles
             for out in step.outputs:
                 tokens[out.request_id] += out.new_token_ids
                 if out.finished:
@@ -155,7 +169,8 @@ class Engine:
         if done:
             first = self._sample(done, logits[rows]).tolist()  # [D]
             for row, seq, token in zip(rows, done, first, strict=True):
-                self._emit(seq, [token], result, self._features(context, row, seq.num_cached))
+                features = self._features(context, row, seq.num_cached)
+                report(seq, seq.append([token]), result, provenance(0, None), (), features)
         self.runner.move(self.scheduler.prefilled(done))
 
     def _chunks(self, seqs: list[Sequence]) -> list[int]:
@@ -168,21 +183,20 @@ class Engine:
         share = max(MIN_CHUNK, self.cfg.prefill_tokens // len(seqs))
         return [min(left, share) for left in remaining]
 
-    def _decode(self, seqs: list[Sequence], result: StepResult) -> CycleStats:
+    def _decode(self, seqs: list[Sequence], result: StepResult) -> list[CycleStats]:
         """One plain step: vanilla mode, or a speculative cycle that verifies nothing."""
         start = time.perf_counter()
         logits, context = self.runner.decode(seqs)  # [N, V]
         self.runner.extend_context(context)  # the drafter's context, when there is a drafter
         tokens = self._sample(seqs, logits).tolist()  # [N]
         elapsed = time.perf_counter() - start
-        cycle = CycleStats(
-            seconds={"draft": 0.0, "correct": 0.0, "verify": elapsed, "total": elapsed}
-        )
+        book = CycleBook({"draft": 0.0, "correct": 0.0, "verify": elapsed, "total": elapsed})
         for row, (seq, token) in enumerate(zip(seqs, tokens, strict=True)):
             seq.num_cached += 1
-            self._record(seq, SpecStats(verifications=1, seconds=cycle.seconds), cycle, 1)
-            self._emit(seq, [token], result, self._features(context, row, 1))
-        return cycle
+            book.record(seq, SpecStats(verifications=1), 1)
+            kept = seq.append([token])
+            report(seq, kept, result, provenance(0, None), (), self._features(context, row, 1))
+        return book.cycles()
 
     def _features(self, context: ContextUpdate, row: int, count: int) -> torch.Tensor | None:
         """The first `count` positions' features of one row, when the config asks for them."""
@@ -190,18 +204,22 @@ class Engine:
             return None
         return context.features[row, :count].clone()  # [count, F]
 
-    def _speculate(self, seqs: list[Sequence], result: StepResult) -> CycleStats:
-        k = self._plan(seqs)
+    def _speculate(self, seqs: list[Sequence], result: StepResult) -> list[CycleStats]:
+        """Draft for the sequences that speculate, correct for those that asked for DCOCO, then
+        verify every sequence: one that asked for none verifies only its own next token."""
+        speculating = [row for row, s in enumerate(seqs) if s.mode is not Mode.VANILLA]
+        k = self._plan(seqs) if speculating else 0
         if k == 0:
-            cycle = self._decode(seqs, result)
-            self._observe(seqs, 0, [0] * len(seqs), 0.0, cycle.seconds["total"])
-            return cycle
+            cycles = self._decode(seqs, result)
+            self._observe(seqs, 0, [], 0.0, sum(c.seconds["total"] for c in cycles[:1]))
+            return cycles
         t0 = time.perf_counter()
-        draft = self.runner.draft(seqs)
+        drafting = [seqs[row] for row in speculating]
+        draft = self.runner.draft(drafting)
         t1 = time.perf_counter()
-        selection = self.runner.correct(draft)
+        selection = self.runner.correct(draft, [s.mode is Mode.DCOCO for s in drafting])
         t2 = time.perf_counter()
-        drafted = selection.tokens[:, :k]  # [N, k]: a prefix of a draft is a draft
+        drafted = self._drafts(seqs, speculating, selection.tokens[:, :k])  # [N, k]
         logits, context = self.runner.verify(seqs, drafted)  # [N, k+1, V]
         temperature, top_p = self._params(seqs)
         uniforms = self._uniforms(seqs, k + 1)  # [N, k+1] or None
@@ -209,40 +227,67 @@ class Engine:
         t3 = time.perf_counter()
         self.runner.extend_context(context)
         t4 = time.perf_counter()
-        seconds = {
-            "draft": t1 - t0 + t4 - t3,
-            "correct": t2 - t1,
-            "verify": t3 - t2,
-            "total": t4 - t0,
-        }
-        cycle = CycleStats(seconds=seconds)
-        corrected = selection.index != 0  # [N, B]
-        corrected[:, k:] = False  # unverified slots are not drafted tokens
+        book = CycleBook(
+            {"draft": t1 - t0 + t4 - t3, "correct": t2 - t1, "verify": t3 - t2, "total": t4 - t0}
+        )
+        draft_of = dict(zip(speculating, range(len(speculating)), strict=True))  # row -> its draft
+        index = selection.index[:, :k].tolist()  # [D, k]
         accepted = verdict.accepted.tolist()  # [N]
-        self._observe(seqs, k, accepted, t2 - t0 + t4 - t3, t3 - t2)
-        rows = zip(seqs, accepted, corrected.tolist(), verdict.tokens.tolist(), strict=True)
-        for seq, held, overridden, tokens in rows:  # held: drafted tokens the verifier kept
+        rows = zip(seqs, accepted, drafted.tolist(), verdict.tokens.tolist(), strict=True)
+        for row, (seq, held, mine, tokens) in enumerate(rows):
+            if row not in draft_of:
+                held = 0  # it drafted nothing: its next token is the target's alone
+            chosen = index[draft_of[row]] if row in draft_of else []
             seq.num_cached += held + 1
-            kept = seq.append(tokens[: held + 1])
-            verdict_row = SpecStats(
-                verifications=1,
-                draft_tokens=k,
-                accepted_tokens=held,
-                accepted_per_position=[int(p < held) for p in range(self.block)],
-                corrected_tokens=sum(overridden),
-                corrected_accepted_tokens=sum(overridden[:held]),
-                seconds=seconds,
-            )
-            used = min(held, len(kept))  # a stop or the length limit may cut the cycle short
-            output_row = replace(
-                verdict_row,
-                accepted_tokens=used,
-                accepted_per_position=[int(p < used) for p in range(self.block)],
-                corrected_accepted_tokens=sum(overridden[:used]),
-            )
-            self._record(seq, verdict_row, cycle, held + 1, output_row)
-            self._output(seq, kept, result)
-        return cycle
+            self._cycle_row(seq, book, result, held, len(chosen), chosen, mine, tokens)
+        self._observe(seqs, k, [accepted[row] for row in speculating], t2 - t0 + t4 - t3, t3 - t2)
+        return book.cycles()
+
+    def _drafts(
+        self, seqs: list[Sequence], speculating: list[int], tokens: torch.Tensor
+    ) -> torch.Tensor:
+        """tokens [D, k] drafted for the speculating rows -> [N, k] for every row; the others
+        repeat their last token, which the verdict then ignores."""
+        if len(speculating) == len(seqs):
+            return tokens  # [N, k]
+        filler = torch.tensor([s.last_token for s in seqs]).unsqueeze(1)  # [N, 1]
+        drafted = filler.expand(-1, tokens.shape[1]).clone()  # [N, k]
+        drafted[torch.tensor(speculating)] = tokens  # [D, k]
+        return drafted
+
+    def _cycle_row(
+        self,
+        seq: Sequence,
+        book: CycleBook,
+        result: StepResult,
+        held: int,
+        k: int,
+        chosen: list[int],
+        drafted: list[int],
+        tokens: list[int],
+    ) -> None:
+        """One sequence's part of a cycle: `held` of its k drafted tokens accepted (`chosen`:
+        their candidate index per slot), then the target's token (`tokens[held]`)."""
+        overridden = [i != 0 for i in chosen]  # [k] re-selected by the corrector
+        verdict_row = SpecStats(
+            verifications=1,
+            draft_tokens=k,
+            accepted_tokens=held,
+            accepted_per_position=[int(p < held) for p in range(self.block)],
+            corrected_tokens=sum(overridden),
+            corrected_accepted_tokens=sum(overridden[:held]),
+        )
+        kept = seq.append(tokens[: held + 1])
+        used = min(held, len(kept))  # a stop or the length limit may cut the cycle short
+        output_row = replace(
+            verdict_row,
+            accepted_tokens=used,
+            accepted_per_position=[int(p < used) for p in range(self.block)],
+            corrected_accepted_tokens=sum(overridden[:used]),
+        )
+        book.record(seq, verdict_row, held + 1, output_row)
+        # Rejected: what the output did not use of the draft, as `usage` counts it.
+        report(seq, kept, result, provenance(held, chosen), tuple(drafted[used:k]))
 
     def _plan(self, seqs: list[Sequence]) -> int:
         """How many drafted tokens this cycle verifies: all B unless adaptive. Any prefix is
@@ -254,50 +299,6 @@ class Engine:
     ) -> None:
         if self.planner is not None:
             self.planner.observe(len(seqs), k, accepted, fixed_s, verify_s)
-
-    @staticmethod
-    def _record(
-        seq: Sequence,
-        row: SpecStats,
-        cycle: CycleStats,
-        accepted_length: int,
-        output_row: SpecStats | None = None,
-    ) -> None:
-        """Adds one verification to the cycle's statistics as the verifier saw it (what the
-        metrics count, as vLLM's do), and to the request's as its output saw it (what `usage`
-        reports): `output_row` leaves out accepted drafted tokens that a stop or the length
-        limit kept from the output."""
-        cycle.add(replace(row, seconds={}))
-        cycle.accepted_lengths.append(accepted_length)
-        seq.stats.add(output_row or row)
-
-    def _emit(
-        self,
-        seq: Sequence,
-        tokens: list[int],
-        result: StepResult,
-        features: torch.Tensor | None = None,
-    ) -> None:
-        self._output(seq, seq.append(tokens), result, features)
-
-    @staticmethod
-    def _output(
-        seq: Sequence,
-        kept: list[int],
-        result: StepResult,
-        features: torch.Tensor | None = None,
-    ) -> None:
-        """The step's output for one sequence: the tokens it kept, and its stats so far."""
-        result.outputs.append(
-            RequestOutput(
-                seq.request_id,
-                kept,
-                seq.finished,
-                seq.finish_reason,
-                copy.copy(seq.stats),
-                features,
-            )
-        )
 
     def _params(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor]:
         temperature = torch.tensor([s.params.temperature for s in seqs])  # [N]

@@ -4,9 +4,11 @@ Rolling back rejected tokens costs nothing: a sequence's `num_cached` is the onl
 entries past it are masked out and overwritten by the next write. The last position is a
 scratch cell where padded tokens write; it is never visible to a real query.
 
-A forward's rows hold consecutive slots (the scheduler keeps them so), so a read is one slice of
-the cache made contiguous: on CPU that copy is about 6x faster than gathering scattered rows,
-and the attention matmuls run 10x faster on it than on the strided slice itself.
+A forward's rows usually hold consecutive slots (the scheduler keeps running sequences so),
+and a read is then one slice of the cache made contiguous: on CPU that copy is about 6x faster
+than gathering scattered rows, and the attention matmuls run 10x faster on it than on the
+strided slice itself. Rows that do not (a draft for some of the running sequences only) are
+gathered.
 """
 
 from dataclasses import dataclass
@@ -21,23 +23,23 @@ from dcoco.model.layers import KVSource
 class CacheView:
     """Where one batched forward writes and what each of its queries may read."""
 
-    first: int  # KV slot of the first row; row i holds slot first + i
+    slots: torch.Tensor  # [N] KV slot of each row
+    span: slice | None  # the same slots as a slice, when they are consecutive
     positions: torch.Tensor  # [N, T] absolute position of each token (scratch for padding)
     mask: torch.Tensor  # [N, 1, T, L] bool, key j visible to query t
     length: int  # L, keys read per row
 
     @classmethod
     def build(
-        cls, first: int, positions: torch.Tensor, limits: torch.Tensor, length: int
+        cls, slots: list[int], positions: torch.Tensor, limits: torch.Tensor, length: int
     ) -> "CacheView":
         """limits [N, T]: the last key position each query may see, all below `length`."""
         keys = torch.arange(length)  # [L]
         mask = (keys.view(1, 1, length) <= limits.unsqueeze(-1)).unsqueeze(1)  # [N, 1, T, L]
-        return cls(first, positions, mask, length)
-
-    @property
-    def rows(self) -> slice:
-        return slice(self.first, self.first + self.positions.shape[0])
+        first = slots[0]
+        consecutive = slots == list(range(first, first + len(slots)))
+        span = slice(first, first + len(slots)) if consecutive else None
+        return cls(torch.tensor(slots), span, positions, mask, length)
 
 
 class KVCache:
@@ -56,15 +58,19 @@ class KVCache:
         self.scratch = capacity - 1
 
     def write(self, layer: int, view: CacheView, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v [N, Hkv, T, D] stored at view.positions of the view's slots."""
-        rows = torch.arange(view.positions.shape[0]).unsqueeze(1)  # [N, 1]
-        self.k[layer, view.rows][rows, :, view.positions] = k.transpose(1, 2)  # [N, T, Hkv, D]
-        self.v[layer, view.rows][rows, :, view.positions] = v.transpose(1, 2)  # [N, T, Hkv, D]
+        """k, v [N, Hkv, T, D] stored at view.positions of view.slots."""
+        rows = view.slots.unsqueeze(1)  # [N, 1]
+        self.k[layer][rows, :, view.positions] = k.transpose(1, 2)  # [N, T, Hkv, D]
+        self.v[layer][rows, :, view.positions] = v.transpose(1, 2)  # [N, T, Hkv, D]
 
     def read(self, layer: int, view: CacheView) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first view.length positions of the view's slots: [N, Hkv, L, D] each."""
-        k = self.k[layer, view.rows, :, : view.length].contiguous()  # [N, Hkv, L, D]
-        v = self.v[layer, view.rows, :, : view.length].contiguous()  # [N, Hkv, L, D]
+        """The first view.length positions of view.slots: [N, Hkv, L, D] each."""
+        if view.span is None:
+            k = self.k[layer, :, :, : view.length].index_select(0, view.slots)  # [N, Hkv, L, D]
+            v = self.v[layer, :, :, : view.length].index_select(0, view.slots)  # [N, Hkv, L, D]
+            return k, v
+        k = self.k[layer, view.span, :, : view.length].contiguous()  # [N, Hkv, L, D]
+        v = self.v[layer, view.span, :, : view.length].contiguous()  # [N, Hkv, L, D]
         return k, v
 
     def move(self, moves: list[Move]) -> None:

@@ -16,12 +16,17 @@ class RequestOutput:
     stats: SpecStats  # the request's speculation so far (a shallow copy)
     # With cfg.feature_layers: [T, F] target features of the positions this step processed.
     features: torch.Tensor | None = None
+    # Where each new token came from ("drafted", "corrected", "target": `accounting`), and
+    # what this step's draft held past its accepted prefix.
+    provenance: tuple[str, ...] = ()
+    rejected: tuple[int, ...] = ()
+    cycle: int = 0  # the request's verification cycles so far, this step's included
 
 
 @dataclass
 class StepResult:
     outputs: list[RequestOutput] = field(default_factory=list)
-    cycle: CycleStats | None = None
+    cycles: list[CycleStats] = field(default_factory=list)  # one per speculation method
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from dcoco.engine.sequence import Sequence
 from dcoco.model.causal_lm import CausalLM
 from dcoco.precision import ACTIVATIONS, apply_precision
 from dcoco.shared.engine_config import EngineConfig
-from dcoco.shared.options import Mode
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.spec.select import Candidates, Selection, select, token_ids
 
@@ -93,7 +92,7 @@ class ModelRunner:
         positions = torch.where(valid, starts + offsets, self.target_cache.scratch)  # [N, T]
         limits = torch.where(valid, starts + offsets, 0)  # [N, T]
         length = int((starts.squeeze(1) + lengths).max())
-        view = CacheView.build(_first_slot(seqs), positions, limits, length)
+        view = CacheView.build([s.slot for s in seqs], positions, limits, length)
         hidden, feats = self._target(ids, view)  # [N, T, H], [N, T, F]
         last = hidden[torch.arange(len(seqs)), lengths - 1]  # [N, H]
         return self.target.logits(last), self._context(view, feats)  # [N, V]
@@ -103,7 +102,7 @@ class ModelRunner:
         ids = torch.tensor([[s.last_token] for s in seqs])  # [N, 1]
         positions = torch.tensor([[s.num_cached] for s in seqs])  # [N, 1]
         length = max(s.num_cached for s in seqs) + 1
-        view = CacheView.build(_first_slot(seqs), positions, positions, length)
+        view = CacheView.build([s.slot for s in seqs], positions, positions, length)
         hidden, feats = self._target(ids, view)  # [N, 1, H], [N, 1, F]
         return self.target.logits(hidden[:, 0]), self._context(view, feats)  # [N, V]
 
@@ -122,20 +121,26 @@ class ModelRunner:
         slots = hidden[:, 1:]  # [N, B, H]
         return Draft(hidden=slots, logits=self.drafter.logits(slots, self.target.lm_head))
 
-    def correct(self, draft: Draft) -> Selection:
-        """Picks the draft: top-1 per slot (dflash) or a rule over corrector scores (dcoco)."""
+    def correct(self, draft: Draft, corrected: list[bool]) -> Selection:
+        """Picks each row's draft: the top-1 per slot (dflash), or for the rows marked in
+        `corrected`, a rule over corrector scores (dcoco)."""
         assert self.drafter is not None
         vocab_ids = self.drafter.vocab_ids  # [V'] or None
-        if self.cfg.mode is Mode.DFLASH:
-            places = draft.logits.max(-1).indices  # [N, B]; max is faster than argmax on CPU
-            tokens = token_ids(places, vocab_ids)  # [N, B]
-            return Selection(index=torch.zeros_like(tokens), tokens=tokens)
+        places = draft.logits.max(-1).indices  # [N, B]; max is faster than argmax on CPU
+        tokens = token_ids(places, vocab_ids)  # [N, B]
+        index = torch.zeros_like(tokens)  # [N, B]
+        rows = [row for row, wanted in enumerate(corrected) if wanted]
+        if not rows:
+            return Selection(index=index, tokens=tokens)
         assert self.drafter.corrector is not None
-        cands = Candidates.top_k(draft.logits, self.top_k, vocab_ids)  # [N, B, K] each
+        which = torch.tensor(rows)  # [C]
+        cands = Candidates.top_k(draft.logits[which], self.top_k, vocab_ids)  # [C, B, K] each
         scores = self.drafter.corrector(
-            draft.hidden, cands.ids, cands.logits, self.target.model.embed_tokens.weight
-        )  # [N, B-1, K, K]
-        return select(self.cfg.rule, scores, cands, self.cfg.gamma)
+            draft.hidden[which], cands.ids, cands.logits, self.target.model.embed_tokens.weight
+        )  # [C, B-1, K, K]
+        chosen = select(self.cfg.rule, scores, cands, self.cfg.gamma)  # [C, B] each
+        tokens[which], index[which] = chosen.tokens, chosen.index
+        return Selection(index=index, tokens=tokens)
 
     def verify(
         self, seqs: list[Sequence], draft: torch.Tensor
@@ -183,11 +188,4 @@ class ModelRunner:
         positions = start + torch.arange(width)  # [N, W]
         limits = positions if causal else (start + width - 1).expand_as(positions)  # [N, W]
         length = max(s.num_cached for s in seqs) + width
-        return CacheView.build(_first_slot(seqs), positions, limits, length)
-
-
-def _first_slot(seqs: list[Sequence]) -> int:
-    """The slot of the first row; the rows hold consecutive slots (`Scheduler`)."""
-    first = seqs[0].slot
-    assert [s.slot for s in seqs] == list(range(first, first + len(seqs))), "slots not in order"
-    return first
+        return CacheView.build([s.slot for s in seqs], positions, limits, length)

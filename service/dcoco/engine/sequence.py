@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
 from dcoco.shared.stats import SpecStats
 
@@ -25,6 +26,7 @@ class Sequence:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stats: SpecStats = field(default_factory=SpecStats)
     sample_key: int = 0  # keys the uniforms of its sampled tokens (`engine/uniforms.py`)
+    mode: Mode = Mode.VANILLA  # how its cycles draft: the request's speculation
 
     @property
     def length(self) -> int:

@@ -31,6 +31,10 @@ class Envelope(Frozen):
     params: GenerationParams
     enqueued_at: float  # unix seconds
     deadline: float  # unix seconds; a worker picking it up later does not run it
+    # The request's own speculation (None: the worker's DCOCO_MODE), and whether its delta
+    # events carry each token's provenance, its cycle and the cycle's rejected draft.
+    speculation: Literal["off", "dflash", "dcoco"] | None = None
+    provenance: bool = False
 
     def expired(self, now: float | None = None) -> bool:
         return (time.time() if now is None else now) > self.deadline
@@ -63,6 +67,12 @@ class Event(Frozen):
     token_ids: tuple[int, ...] = ()
     accepted: int = 0
     rejected: int = 0
+    # With Envelope.provenance, where the engine can tell: per token "drafted" (the drafter's
+    # top-1, accepted), "corrected" (re-selected by the corrector, accepted) or "target";
+    # the request's cycle these tokens came from; that cycle's draft past what was used.
+    provenance: tuple[Literal["drafted", "corrected", "target"], ...] = ()
+    cycle: int | None = None
+    rejected_ids: tuple[int, ...] = ()
     finish_reason: str | None = None
     usage: Usage | None = None
     error: ErrorInfo | None = None

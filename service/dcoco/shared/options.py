@@ -8,6 +8,15 @@ class Mode(StrEnum):
     DFLASH = "dflash"  # the drafter's top-1 at every slot
     DCOCO = "dcoco"  # top-K per slot, corrector scores, a selection rule picks the draft
 
+    @property
+    def speculation(self) -> str:
+        """The name requests and metrics use: off, dflash or dcoco."""
+        return "off" if self is Mode.VANILLA else self.value
+
+    @classmethod
+    def of_speculation(cls, name: str) -> "Mode":
+        return cls.VANILLA if name == "off" else cls(name)
+
 
 class Rule(StrEnum):
     PREFIX = "prefix"  # prefix-first walk: the paper's default

@@ -27,6 +27,11 @@ class EngineDelta:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stats: SpecStats | None = None  # the request's speculation so far
     error: str | None = None  # why the engine refused or failed the request
+    # Where each token came from ("drafted", "corrected", "target"), the draft this cycle
+    # rejected, and the request's cycle count; empty where the engine cannot tell (vLLM).
+    provenance: tuple[str, ...] = ()
+    rejected: tuple[int, ...] = ()
+    cycle: int = 0
 
 
 class EngineClient(Protocol):

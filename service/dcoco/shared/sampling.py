@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from dcoco.shared.options import Mode
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -11,6 +13,7 @@ class SamplingParams:
     seed: int | None = None  # a seeded request replays exactly, whatever shares its batch
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
+    speculation: Mode | None = None  # this request's own; None: the engine's mode
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

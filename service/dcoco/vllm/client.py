@@ -44,8 +44,8 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 class _StepStats(StatLoggerBase):
     """Collects each engine step's spec-decode counters for `drain_stats`."""
 
-    def __init__(self, sink: list[CycleStats]) -> None:
-        self.sink = sink
+    def __init__(self, sink: list[CycleStats], method: str) -> None:
+        self.sink, self.method = sink, method
 
     def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kw: Any) -> None:
         spec = getattr(scheduler_stats, "spec_decoding_stats", None)
@@ -58,6 +58,7 @@ class _StepStats(StatLoggerBase):
                 accepted_tokens=spec.num_accepted_tokens,
                 accepted_per_position=list(spec.num_accepted_tokens_per_pos),
                 seconds={},
+                method=self.method,
             )
         )
 
@@ -83,6 +84,7 @@ class VllmEngineClient:
         CheckpointError for settings it cannot serve."""
         self.scratch = Path(tempfile.mkdtemp(prefix="dcoco-vllm-"))
         self.eos_token_ids = eos_token_ids
+        self.mode = settings.mode  # vLLM drafts one way for every request
         self._cycles: list[CycleStats] = []
         self._failure: BaseException | None = None
         try:
@@ -110,7 +112,9 @@ class VllmEngineClient:
         try:
             return AsyncLLM.from_engine_args(
                 AsyncEngineArgs(**kwargs),
-                stat_loggers=[lambda config, index: _StepStats(self._cycles)],
+                stat_loggers=[
+                    lambda config, index: _StepStats(self._cycles, self.mode.speculation)
+                ],
             )
         except RuntimeError as failed:  # vLLM has logged the cause from its own processes
             first = str(failed).splitlines()[0] if str(failed) else type(failed).__name__
@@ -128,6 +132,15 @@ class VllmEngineClient:
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineDelta, None]:
         p = request.params
+        if p.speculation not in (None, self.mode):
+            yield EngineDelta(
+                [],
+                finished=True,
+                finish_reason="error",
+                error=f"speculation: the vllm engine drafts one way for every request "
+                f"({self.mode.speculation!r}); it cannot run {p.speculation.speculation!r}",
+            )
+            return
         params = VllmSamplingParams(
             max_tokens=p.max_tokens,
             temperature=p.temperature,
@@ -175,5 +188,7 @@ class VllmEngineClient:
             return None
         stats = request_stats(metrics)
         lengths = [j + 1 for j, n in enumerate(metrics.histogram) for _ in range(n)]
-        self._cycles.append(CycleStats(accepted_lengths=lengths, seconds={}))
+        self._cycles.append(
+            CycleStats(accepted_lengths=lengths, seconds={}, method=self.mode.speculation)
+        )
         return stats

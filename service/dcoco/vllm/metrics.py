@@ -41,7 +41,7 @@ class PluginMetrics:
     def __init__(self, model: str) -> None:
         self.model = model
         self.exported = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
-        m = ["model"]
+        m = ["model", "method"]  # method: dcoco, the only one the plugin drafts
         # registry=None: in multiprocess mode values live in the folder, and whoever serves
         # /metrics collects them from there; nothing is registered in this process.
         self.corrected = Counter(PLUGIN_SERIES[0], "Drafted tokens not the top-1", m, registry=None)
@@ -51,16 +51,16 @@ class PluginMetrics:
         self.cycle_seconds = Histogram(
             PLUGIN_SERIES[2],
             "Cycle wall time by phase",
-            ["model", "phase"],
+            ["model", "method", "phase"],
             buckets=SECONDS,
             registry=None,
         )
 
     def record(self, corrected: int, rescued: int, seconds: dict[str, float]) -> None:
-        self.corrected.labels(self.model).inc(corrected)
-        self.rescued.labels(self.model).inc(rescued)
+        self.corrected.labels(self.model, "dcoco").inc(corrected)
+        self.rescued.labels(self.model, "dcoco").inc(rescued)
         for phase, value in seconds.items():
-            self.cycle_seconds.labels(self.model, phase).observe(value)
+            self.cycle_seconds.labels(self.model, "dcoco", phase).observe(value)
 
 
 class PluginCollector:

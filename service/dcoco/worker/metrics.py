@@ -36,45 +36,46 @@ class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry, model: str) -> None:
         self.model, self.registry = model, registry
         m = ["model"]
-        self.cycles = Counter("dcoco_spec_cycles", "Verification cycles", m, registry=registry)
+        spec = ["model", "method"]  # method: the requests' speculation, off/dflash/dcoco
+        self.cycles = Counter("dcoco_spec_cycles", "Verification cycles", spec, registry=registry)
         self.draft_tokens = Counter(
-            "dcoco_spec_draft_tokens", "Drafted tokens", m, registry=registry
+            "dcoco_spec_draft_tokens", "Drafted tokens", spec, registry=registry
         )
         self.accepted_tokens = Counter(
             "dcoco_spec_accepted_tokens",
             "Accepted drafted tokens, bonus excluded",
-            m,
+            spec,
             registry=registry,
         )
         self.accepted_per_position = Counter(
             "dcoco_spec_accepted_tokens_per_position",
             "Accepted drafted tokens at each slot",
-            ["model", "position"],
+            ["model", "method", "position"],
             registry=registry,
         )
         self.corrected_tokens = Counter(
             "dcoco_spec_corrected_tokens",
             "Drafted tokens not the top-1 candidate",
-            m,
+            spec,
             registry=registry,
         )
         self.corrected_accepted_tokens = Counter(
             "dcoco_spec_corrected_accepted_tokens",
             "Corrected drafted tokens the verifier accepted",
-            m,
+            spec,
             registry=registry,
         )
         self.acceptance_length = Histogram(
             "dcoco_spec_acceptance_length",
             "Tokens committed per cycle, bonus included",
-            m,
+            spec,
             buckets=ACCEPTED_LENGTH,
             registry=registry,
         )
         self.cycle_seconds = Histogram(
             "dcoco_spec_cycle_seconds",
             "Cycle wall time by phase",
-            ["model", "phase"],
+            ["model", "method", "phase"],
             buckets=SECONDS,
             registry=registry,
         )
@@ -145,16 +146,16 @@ class WorkerMetrics:
         self.registry.register(collector)
 
     def observe_cycle(self, cycle: CycleStats) -> None:
-        model = self.model
-        self.cycles.labels(model).inc(cycle.verifications)
-        self.draft_tokens.labels(model).inc(cycle.draft_tokens)
-        self.accepted_tokens.labels(model).inc(cycle.accepted_tokens)
+        model, method = self.model, cycle.method
+        self.cycles.labels(model, method).inc(cycle.verifications)
+        self.draft_tokens.labels(model, method).inc(cycle.draft_tokens)
+        self.accepted_tokens.labels(model, method).inc(cycle.accepted_tokens)
         for position, count in enumerate(cycle.accepted_per_position):
-            self.accepted_per_position.labels(model, str(position)).inc(count)
-        self.corrected_tokens.labels(model).inc(cycle.corrected_tokens)
-        self.corrected_accepted_tokens.labels(model).inc(cycle.corrected_accepted_tokens)
-        histogram = self.acceptance_length.labels(model)
+            self.accepted_per_position.labels(model, method, str(position)).inc(count)
+        self.corrected_tokens.labels(model, method).inc(cycle.corrected_tokens)
+        self.corrected_accepted_tokens.labels(model, method).inc(cycle.corrected_accepted_tokens)
+        histogram = self.acceptance_length.labels(model, method)
         for length in cycle.accepted_lengths:
             histogram.observe(length)
         for phase, seconds in cycle.seconds.items():
-            self.cycle_seconds.labels(model, phase).observe(seconds)
+            self.cycle_seconds.labels(model, method, phase).observe(seconds)

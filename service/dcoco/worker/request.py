@@ -14,9 +14,11 @@ whole answer.
 
 import time
 from contextlib import aclosing
+from typing import Any
 
 from dcoco.queue.consumer import Delivery, Ownership, WorkerQueue
 from dcoco.queue.protocol import Envelope, ErrorInfo, Event, Usage
+from dcoco.shared.options import Mode
 from dcoco.shared.protocol import EngineClient, EngineDelta, EngineRequest
 from dcoco.shared.sampling import SamplingParams
 from dcoco.tokenizer import Tokenizer
@@ -81,7 +83,11 @@ class RequestRun:
         if budget < 1:
             return self._done(owned, "length", None, detok.flush())
         params = SamplingParams(
-            max_tokens=budget, temperature=p.temperature, top_p=p.top_p, seed=p.seed
+            max_tokens=budget,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            seed=p.seed,
+            speculation=Mode.of_speculation(env.speculation) if env.speculation else None,
         )
         self.metrics.prompt_tokens.labels(env.model).inc(len(prompt))
         generated = list(owned.emitted_ids)
@@ -114,6 +120,7 @@ class RequestRun:
                             token_ids=tuple(fresh),
                             accepted=total[0] - carried[0],
                             rejected=total[1] - carried[1],
+                            **self._provenance(delta, len(fresh)),
                         )
                     )
                     carried = total
@@ -126,6 +133,16 @@ class RequestRun:
             self._fail(400, "invalid_request", last.error or "the engine refused the request")
             return "error"
         return self._done(owned, str(last.finish_reason), last, detok.flush(), len(generated))
+
+    def _provenance(self, delta: EngineDelta, fresh: int) -> dict[str, Any]:
+        """The event's provenance fields, when the request asked and the engine told."""
+        if not self.envelope.provenance or not delta.provenance:
+            return {}
+        return {
+            "provenance": delta.provenance[len(delta.provenance) - fresh :],
+            "cycle": delta.cycle,
+            "rejected_ids": delta.rejected,
+        }
 
     def _done(
         self,
