@@ -133,7 +133,7 @@ def llama_cpp_ms(gguf: Path, prompt: list[int], tokens: int, threads: int) -> fl
     """llama.cpp's milliseconds per decoded token (eval only) after `prompt`, greedy; None when
     llama-cpp-python is not installed."""
     try:
-        from llama_cpp import Llama  # type: ignore[import-not-found]
+        from llama_cpp import Llama  # an optional benchmark dependency
     except ImportError:
         return None
     llm = Llama(
