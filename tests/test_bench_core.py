@@ -2,7 +2,7 @@
 
 import copy
 
-from dcoco.bench.core_parts import gaps, plain_rate, weight_bytes
+from dcoco.bench.core_parts import gaps, plain_rates, weight_bytes
 from dcoco.shared.options import Precision
 from factories import make_target
 
@@ -19,6 +19,21 @@ def test_weight_bytes_count_what_decoding_reads() -> None:
 
 def test_plain_rate_and_the_gaps_of_a_joining_prompt() -> None:
     target = make_target(hidden=64, vocab=64)
-    assert plain_rate(copy.deepcopy(target), Precision.FP32, [[1, 2, 3]] * 2, 8) > 0
+    rates = plain_rates(target, (Precision.FP32, Precision.INT4), [[1, 2, 3]] * 2, 8, passes=2)
+    assert all(rate > 0 for rate in rates.values())
     median, largest = gaps(copy.deepcopy(target), Precision.FP32, [1, 2, 3], [5] * 200, 32)
     assert 0 < median <= largest
+
+
+def test_speculation_rows_come_out_for_every_variant_against_plain() -> None:
+    from dcoco.bench.core_parts import spec_rates
+    from dcoco.checkpoint import load_drafter, load_target
+    from dcoco.paths import TINY_MODELS
+
+    drafters = {name: load_drafter(TINY_MODELS / name) for name in ("dflash", "dcoco")}
+    target = load_target(TINY_MODELS / "target")
+    rows = spec_rates(target, drafters, Precision.FP32, [[5, 6, 7], [8, 9]], 8, passes=2)
+    assert [r.variant for r in rows] == ["vanilla", "dflash", "dcoco", "dcoco-adaptive"]
+    assert rows[0].over_plain == 1.0
+    assert rows[0].accepted_length == 1.0
+    assert all(r.tokens_per_s > 0 and r.accepted_length >= 1.0 for r in rows)

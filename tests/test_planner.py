@@ -9,7 +9,7 @@ from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
 from dcoco.spec.drafter import DFlashDrafter
-from dcoco.spec.planner import EXPLORE_SHARE, LineFit, VerifyPlanner
+from dcoco.spec.planner import EXPLORE_SHARE, CostCurve, LineFit, VerifyPlanner
 from factories import greedy_reference, make_drafter
 
 Pair = tuple[CausalLM, DFlashDrafter]
@@ -30,6 +30,25 @@ def test_a_line_fit_recovers_intercept_and_slope() -> None:
         fit.add(x, 3.0 + 0.5 * x)
     assert fit(4) == pytest.approx(5.0)
     assert fit(0) == pytest.approx(3.0)
+
+
+def test_the_cost_curve_follows_measured_widths_and_interpolates_between() -> None:
+    curve = CostCurve()
+    for width, seconds in ((1, 0.025), (4, 0.040), (16, 0.084)) * 3:
+        curve.add(width, seconds)
+    assert curve(1) == pytest.approx(0.025)
+    assert curve(4) == pytest.approx(0.040)
+    assert curve(10) == pytest.approx(0.062)  # between 4 and 16
+    assert curve(32) == pytest.approx(0.084 + 16 * 0.044 / 12)  # along the last two
+
+
+def test_plain_decoding_wins_where_short_verifications_cost_much_more_than_a_step() -> None:
+    """Weight-only 4-bit kernels on a CPU: one token 25 ms, four 40 ms, sixteen 84 ms, drafting
+    13 ms, the first slot accepted half the time."""
+    planner = VerifyPlanner(block=15)
+    for i, (k, seconds) in enumerate(((0, 0.025), (3, 0.040), (15, 0.084)) * 30):
+        planner.observe(1, k, [i % 2] if k else [], 0.013, seconds)  # slot 0 held half the time
+    assert planner.choose(1, exploring_allowed=False) == 0
 
 
 def test_cheap_verification_and_high_acceptance_verify_the_whole_block() -> None:

@@ -108,7 +108,7 @@ class EngineSettings(BaseSettings):
     num_speculative_tokens: int | None = Field(None, ge=1)  # None: the drafter's block size
     top_k: int | None = Field(None, ge=1)  # None: the corrector's K
     max_batch_size: int = Field(32, ge=1)  # concurrent sequences sharing each cycle
-    # prompt tokens a step may prefill while streams decode (chunked prefill)
+    # at most this many prompt tokens a step while streams decode (engine/prefill.py)
     prefill_tokens: int = Field(256, ge=1)
     max_model_len: int | None = Field(None, ge=16)  # None: the target's max_position_embeddings
     # auto: the fastest on this CPU, measured at start (engine/precision.py); fp32: exact.

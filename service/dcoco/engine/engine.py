@@ -13,6 +13,7 @@ import torch
 from dcoco.engine.accounting import CycleBook, provenance, report
 from dcoco.engine.checks import check_models
 from dcoco.engine.outputs import Completion, RequestOutput, StepResult
+from dcoco.engine.prefill import MIN_CHUNK, PrefillBudget
 from dcoco.engine.runner import ContextUpdate, ModelRunner
 from dcoco.engine.scheduler import Scheduler
 from dcoco.engine.sequence import Sequence
@@ -28,8 +29,6 @@ from dcoco.spec.planner import VerifyPlanner
 from dcoco.spec.verify import sample, target_probs, verify
 
 log = logging.getLogger(__name__)
-
-MIN_CHUNK = 16  # prompt tokens a prefilling sequence gets per step at least
 
 
 class Engine:
@@ -53,6 +52,7 @@ class Engine:
         self.block = block  # B, 0 in vanilla mode
         self.runner = ModelRunner(target, drafter, cfg, self.max_model_len, block, top_k)
         self.scheduler = Scheduler(cfg.max_batch_size)
+        self.prefill_budget = PrefillBudget(cfg.prefill_tokens)
         self.planner = VerifyPlanner(block) if cfg.adaptive and block else None
         if self.planner is not None and self.costs is not None:
             self.planner.start_from(self.costs.seconds[cfg.precision.value])
@@ -120,9 +120,11 @@ class Engine:
             self._release_finished()
         active = self.scheduler.running
         if active:
+            start = time.perf_counter()
             result.cycles = (
                 self._speculate(active, result) if self.block else self._decode(active, result)
             )
+            self.prefill_budget.observe_cycle(time.perf_counter() - start)
         self._release_finished()
         return result
 
@@ -160,8 +162,10 @@ class Engine:
         token and its sequence joins the running ones."""
         seqs = self.scheduler.prefilling
         chunks = self._chunks(seqs)
+        start = time.perf_counter()
         logits, context = self.runner.prefill(seqs, chunks)  # [N, V]
         self.runner.extend_context(context)
+        self.prefill_budget.observe_prefill(sum(chunks), time.perf_counter() - start)
         for seq, chunk in zip(seqs, chunks, strict=True):
             seq.num_cached += chunk
         rows = [row for row, seq in enumerate(seqs) if seq.num_cached == len(seq.prompt_ids)]
@@ -176,11 +180,11 @@ class Engine:
     def _chunks(self, seqs: list[Sequence]) -> list[int]:
         """Prompt tokens each sequence prefills this step: all that remain while nothing is
         decoding (or features are collected, which needs whole prompts); otherwise an equal
-        share of prefill_tokens each."""
+        share of the step's budget (`PrefillBudget`) each."""
         remaining = [len(s.prompt_ids) - s.num_cached for s in seqs]
         if not self.scheduler.running or self.cfg.feature_layers:
             return remaining
-        share = max(MIN_CHUNK, self.cfg.prefill_tokens // len(seqs))
+        share = max(MIN_CHUNK, self.prefill_budget.tokens() // len(seqs))
         return [min(left, share) for left in remaining]
 
     def _decode(self, seqs: list[Sequence], result: StepResult) -> list[CycleStats]:

@@ -16,9 +16,10 @@ class EngineConfig:
     num_speculative_tokens: int | None = None  # B; None takes the drafter's trained block size
     top_k: int | None = None  # K; None takes the corrector's trained K
     max_batch_size: int = 32  # sequences sharing one cycle; also the KV-cache slot count
-    # Prompt tokens one step may prefill while other sequences are decoding, shared among the
-    # prompts being prefilled: a long prompt joins over several steps instead of stalling every
-    # stream for its whole prefill. With nothing decoding, prompts are prefilled whole.
+    # At most this many prompt tokens one step may prefill while other sequences are decoding,
+    # shared among the prompts being prefilled (engine/prefill.py sizes each step's chunk to
+    # about one cycle): a long prompt joins over several steps instead of stalling every stream
+    # for its whole prefill. With nothing decoding, prompts are prefilled whole.
     prefill_tokens: int = 256
     max_model_len: int | None = None  # prompt plus generated tokens; None: the target's limit
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)  # end a sequence on these

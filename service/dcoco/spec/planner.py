@@ -8,9 +8,13 @@ expected committed tokens per second of the whole batch:
 
 - s_p, the chance that slots 0..p are all accepted, is the product of per-slot conditional
   acceptance rates, each a running estimate over the verifications that reached that slot.
-- verify(n, k) = a + b * n * (k + 1): one target pass over k + 1 tokens for each of n rows,
-  fitted by least squares over recent cycles; fixed(n) = c + d * n is drafting and correction,
-  fitted likewise. k = 0 is a plain decoding step that skips the drafter.
+- verify(n, k): one target pass over n * (k + 1) tokens, a running mean of the measured
+  seconds at each such width, interpolated between measured widths (`CostCurve`): not a line,
+  since on a CPU the cost of a forward is far from linear in its width (weight-only 4-bit
+  kernels make four tokens cost twice one, sixteen little more than eight), and a line through
+  them overrates the plain step and underrates short verifications. fixed(n) = c + d * n is
+  drafting and correction, fitted by least squares. k = 0 is a plain decoding step that skips
+  the drafter.
 
 On a small machine a wide batch makes verification expensive, so k shrinks as load grows. Now and
 then a cycle verifies the whole block anyway, so that the estimates for deep slots, and the cost
@@ -57,11 +61,49 @@ class LineFit:
 
 
 @dataclass
+class CostCurve:
+    """Seconds by width: a running mean at each measured width (the last ~50 observations of
+    it), linear between measured widths and along the nearest two beyond them."""
+
+    means: dict[int, float] = field(default_factory=dict)
+    counts: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def weight(self) -> int:
+        return sum(self.counts.values())
+
+    def add(self, width: int, seconds: float) -> None:
+        n = self.counts.get(width, 0) + 1
+        rate = max(1.0 / n, 1.0 - DECAY)
+        self.means[width] = self.means.get(width, seconds) * (1 - rate) + seconds * rate
+        self.counts[width] = n
+
+    def __call__(self, width: int) -> float:
+        if width in self.means:
+            return self.means[width]
+        xs = sorted(self.means)
+        if not xs:
+            return 0.0
+        if len(xs) == 1:
+            return self.means[xs[0]] * width / xs[0]
+        below = [x for x in xs if x < width]
+        above = [x for x in xs if x > width]
+        if below and above:
+            left, right = below[-1], above[0]
+        elif above:  # narrower than every measured width
+            left, right = xs[0], xs[1]
+        else:  # wider
+            left, right = xs[-2], xs[-1]
+        slope = max(0.0, (self.means[right] - self.means[left]) / (right - left))
+        return max(0.0, self.means[left] + slope * (width - left))
+
+
+@dataclass
 class VerifyPlanner:
     block: int  # B
     hits: list[float] = field(default_factory=list)  # per slot, decayed accepted counts
     trials: list[float] = field(default_factory=list)  # per slot, decayed verified counts
-    verify_cost: LineFit = field(default_factory=LineFit)  # seconds against n * (k + 1)
+    verify_cost: CostCurve = field(default_factory=CostCurve)  # seconds by n * (k + 1)
     fixed_cost: LineFit = field(default_factory=LineFit)  # seconds against n
     banked_s: float = 0.0  # predicted seconds of the cycles since the last exploration
 
@@ -71,7 +113,7 @@ class VerifyPlanner:
 
     def choose(self, rows: int, exploring_allowed: bool = True) -> int:
         """k for the next cycle of `rows` sequences."""
-        if self.verify_cost.weight == 0.0:
+        if self.verify_cost.weight == 0:
             return self.block
         survive, expected, best_k, best_rate = 1.0, 1.0, 0, 0.0
         for k in range(self.block + 1):
