@@ -39,7 +39,6 @@ def toy_config(models: Path) -> RunConfig:
         corrector_every=2,
         window_shards=2,
         label_tokens_per_step=40,  # about 2 steps a DFlash shard
-        planned_steps=50,
         checkpoint_every_s=0.0,
         drafter=replace(
             base.drafter, target_layer_ids=(1, 3), batch_size=2, anchors=4, warmup_steps=2
@@ -136,13 +135,14 @@ def test_a_corrupt_or_foreign_state_stops_the_run(models: Path, tmp_path: Path) 
     assert "\n" not in str(caught.value)
 
 
-def test_the_schedule_warms_up_after_each_resume_and_decays_over_the_run() -> None:
-    cfg = replace(RunConfig(), planned_steps=1000)
+def test_the_schedule_warms_up_after_each_resume_and_decays_over_the_leg() -> None:
+    cfg = RunConfig()
     warm = cfg.drafter.warmup_steps
-    assert schedule(0, 0, cfg) == pytest.approx(1 / warm)
-    assert schedule(500, warm, cfg) == pytest.approx(0.55)
-    assert schedule(500, 0, cfg) == pytest.approx(0.55 / warm)
-    assert schedule(5000, warm, cfg) == pytest.approx(0.1)
+    assert schedule(0.0, 0, cfg) == pytest.approx(1 / warm)
+    assert schedule(0.5, warm, cfg) == pytest.approx(0.55)
+    assert schedule(0.5, 0, cfg) == pytest.approx(0.55 / warm)
+    assert schedule(1.0, warm, cfg) == pytest.approx(0.1)
+    assert schedule(1.3, warm, cfg) == pytest.approx(0.1)  # a late step stays at the floor
 
 
 def test_evaluated_prompts_are_excluded_by_text_and_opening() -> None:

@@ -50,10 +50,13 @@ from dcoco.train.run_sources import Source, Sources
 from dcoco.train.run_state import fingerprint, load_state, read_summary, save_state, write_summary
 
 
-def schedule(step: int, since_resume: int, cfg: RunConfig) -> float:
-    """The learning-rate factor: warm-up after every (re)start, cosine over the whole run."""
+def schedule(progress: float, since_resume: int, cfg: RunConfig) -> float:
+    """The learning-rate factor: warm-up after every (re)start, then cosine over the leg's
+    DFlash part (`progress` from 0 to 1): every leg warm-restarts and ends decayed, so the
+    weights it exports have settled (weights taken mid-schedule, at the peak rate, accepted
+    less than the drafter they started from in the source A/B, docs/ablations.md)."""
     warm = min(1.0, (since_resume + 1) / cfg.drafter.warmup_steps)
-    progress = min(1.0, step / cfg.planned_steps)
+    progress = min(1.0, max(0.0, progress))
     return warm * (
         MIN_LR_FRACTION + (1.0 - MIN_LR_FRACTION) * 0.5 * (1 + math.cos(math.pi * progress))
     )
@@ -73,9 +76,10 @@ class DFlashTrainer:
         self.peak = cfg.drafter.lr
         self.losses: dict[str, float] = {}
 
-    def train(self, data: Continuations) -> None:
+    def train(self, data: Continuations, progress: float) -> None:
+        """One step at the rate `schedule` gives for `progress` through the schedule."""
         for group in self.optimizer.param_groups:
-            group["lr"] = self.peak * schedule(self.step, self.step - self.resumed_at, self.cfg)
+            group["lr"] = self.peak * schedule(progress, self.step - self.resumed_at, self.cfg)
         self.optimizer.zero_grad(set_to_none=True)
         losses = self.step_fn(data)
         torch.nn.utils.clip_grad_norm_(self.params, 1.0)
@@ -204,7 +208,7 @@ def run_leg(cfg: RunConfig, work: Path, hours: float, shards: int | None = None)
                 loaded[index] = replace(
                     Continuations.load(shard_file(work, index)), labels=cfg.teacher_labels
                 )
-            trainer.train(loaded[index])
+            trainer.train(loaded[index], (t0 - wall) / (dflash_end - wall))
             training_s += time.perf_counter() - t0
         else:
             source = sources.current

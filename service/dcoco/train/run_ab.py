@@ -86,7 +86,7 @@ def train_arm(
     trainer = DFlashTrainer(load_drafter(models / "dflash"), target, cfg, 0)
     cpu, record = cpu_seconds(), {}
     while trainer.step < steps:
-        trainer.train(data)
+        trainer.train(data, trainer.step / steps)
         if trainer.step % 20 == 0:
             print(f"[ab] step {trainer.step}, {cpu_seconds() - cpu:.0f} CPU-s", flush=True)
         if trainer.step in export_at:
@@ -158,12 +158,7 @@ def ab_config(steps: int, threads: int) -> RunConfig:
     """The leg's DFlash settings, the schedule fitted to an arm of `steps` steps."""
     base = SMOLLM2_RUN
     warmup = max(1, min(base.drafter.warmup_steps, steps // 5))
-    return replace(
-        base,
-        threads=threads,
-        planned_steps=steps,
-        drafter=replace(base.drafter, warmup_steps=warmup),
-    )
+    return replace(base, threads=threads, drafter=replace(base.drafter, warmup_steps=warmup))
 
 
 def main() -> None:

@@ -51,10 +51,6 @@ class RunConfig:
     # One DFlash step per this many label tokens in DFlash shards: a step draws 8 x 24 anchors,
     # so each label token is an anchor about 0.3 times.
     label_tokens_per_step: int = 600
-    # The DFlash schedule spans the whole run, not a leg: warm-up, then cosine over this many
-    # steps, several legs' worth (a leg on the shared 2-core machine makes several hundred);
-    # legs carry the step count between them.
-    planned_steps: int = 6_000
     # The exported DFlash weights average the last ~200 steps: a leg on a shared machine makes
     # several hundred, and a longer average would still hold much of the leg's starting point.
     ema: float = 0.995
