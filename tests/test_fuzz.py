@@ -22,7 +22,7 @@ import schemathesis
 from schemathesis import checks
 
 from dcoco.gateway.app import create_app
-from dcoco.gateway.response_schemas import RESPONSE_SCHEMAS
+from dcoco.gateway.replies import ErrorEnvelope
 from dcoco.settings import GatewaySettings
 from dcoco.tokenizer import save_tokenizer, train_tokenizer
 from factories import TEXTS
@@ -36,7 +36,7 @@ VOCAB = 300
 # Every request, a whole stream included, must be answered within this: well above the
 # stack's own limits (queue deadline and stall timeout of 5 s each).
 REQUEST_TIMEOUT_S = 20.0
-ENVELOPE = jsonschema_rs.validator_for(RESPONSE_SCHEMAS["ErrorEnvelope"])
+ENVELOPE = jsonschema_rs.validator_for(ErrorEnvelope.model_json_schema())
 
 
 @pytest.fixture(scope="module")
@@ -64,12 +64,15 @@ def served(document: dict[str, Any]) -> dict[str, Any]:
     gateway's limit, prompts not empty and token ids below the vocabulary. Most positive cases
     then get past the catalog and the limits to the tokenizer, the queue and the worker;
     negative cases still break each of these."""
-    components = document["components"]["schemas"]
-    for name in ("ChatRequest", "CompletionRequest"):
-        properties = components[name]["properties"]
+    bodies = {
+        path: document["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        for path in ("/v1/chat/completions", "/v1/completions")
+    }
+    for body in bodies.values():
+        properties = body["schema"]["properties"]
         properties["model"] = {"const": Stack.MODEL}
         properties["n"]["maximum"] = GatewaySettings().max_n
-    pending = [components["CompletionRequest"]["properties"]["prompt"]]
+    pending = [bodies["/v1/completions"]["schema"]["properties"]["prompt"]]
     while pending:  # the prompt's forms: text, texts, token ids, lists of token ids
         node = pending.pop()
         pending += node.get("anyOf", []) + ([node["items"]] if "items" in node else [])

@@ -21,7 +21,7 @@ from dcoco.gateway.jobs import Jobs
 from dcoco.gateway.lanes import Lanes
 from dcoco.gateway.metrics import GatewayMetrics
 from dcoco.gateway.middleware import ObserveRequests
-from dcoco.gateway.openapi import openapi_schema
+from dcoco.gateway.playground import router as playground
 from dcoco.gateway.routes import router
 from dcoco.gateway.services import Services
 from dcoco.queue.client import GatewayQueue
@@ -65,13 +65,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="DCOCO gateway", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.services = services
     app.include_router(router)
+    app.include_router(playground)
     app.add_exception_handler(APIError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     for unavailable in UNAVAILABLE:
         app.add_exception_handler(unavailable, _unavailable)
     app.add_exception_handler(Exception, _internal_error)
     app.add_middleware(ObserveRequests, metrics=metrics, log_prompts=settings.log_prompts)
-    app.openapi = lambda: openapi_schema(app)  # type: ignore[method-assign]
     return app
 
 

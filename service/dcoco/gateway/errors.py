@@ -5,6 +5,8 @@
 
 from typing import Any
 
+from dcoco.gateway.replies import ErrorDetail, ErrorEnvelope
+
 
 class APIError(Exception):
     status = 500
@@ -23,15 +25,15 @@ class APIError(Exception):
         self.code = code or self.code
         self.headers = headers or {}
 
+    def envelope(self) -> ErrorEnvelope:
+        return ErrorEnvelope(
+            error=ErrorDetail(
+                message=self.message, type=self.type, param=self.param, code=self.code
+            )
+        )
+
     def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        return self.envelope().model_dump()
 
 
 class InvalidRequest(APIError):
@@ -40,6 +42,12 @@ class InvalidRequest(APIError):
 
 class Unsupported(InvalidRequest):
     code = "unsupported_parameter"
+
+
+class UnsupportedValue(InvalidRequest):
+    """A parameter this server knows, with a value the model's workers cannot honour."""
+
+    code = "unsupported_value"
 
 
 class PayloadTooLarge(InvalidRequest):

@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from dcoco.gateway.answers import DONE, PING, Answer, Choice, sse
 from dcoco.gateway.errors import APIError, RateLimited, Timeout, Unavailable, from_worker
-from dcoco.gateway.formats import DONE, PING, Choice, Format, sse
 from dcoco.gateway.metrics import GatewayMetrics
+from dcoco.gateway.pieces import Pieces
 from dcoco.queue.client import GatewayQueue, QueueTimeout
 from dcoco.queue.connection import BACKOFF, UNAVAILABLE
 from dcoco.queue.keys import CANCEL_TTL_S
-from dcoco.queue.protocol import Envelope, Event, GenerationParams
+from dcoco.queue.protocol import Envelope, Event, GenerationParams, Speculation
 from dcoco.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,8 @@ class Jobs:
         params: GenerationParams,
         n: int,
         started_at: float,
+        speculation: Speculation | None = None,
+        provenance: bool = False,
     ) -> Job:
         now = time.time()
         envelopes = []
@@ -84,6 +87,8 @@ class Jobs:
                         params=params.model_copy(update={"seed": seed}),
                         enqueued_at=now,
                         deadline=now + self.settings.queue_timeout_s,
+                        speculation=speculation,
+                        provenance=provenance,
                     )
                 )
         if not await self.queue.enqueue(envelopes, self.settings.max_queue_depth):
@@ -189,22 +194,25 @@ class Jobs:
         self.metrics.e2e.labels(job.model).observe(time.monotonic() - job.started_at)
         return choices
 
-    async def stream(self, job: Job, fmt: Format) -> AsyncIterator[bytes]:
+    async def stream(
+        self, job: Job, answer: Answer, pieces: Pieces | None = None
+    ) -> AsyncIterator[bytes]:
         """SSE: keep-alives until every choice started, the role for each choice, content
-        deltas, each finish, usage, [DONE]."""
+        deltas (with their tokens' provenance when `pieces` decodes them), each finish, usage,
+        [DONE]."""
         keepalive = self.settings.sse_keepalive_s
         try:
             while not await self.wait_started(job, keepalive):
                 yield PING
         except APIError as refused:
-            yield sse(refused.body())
+            yield sse(refused.envelope())
             yield DONE
             return
         choices = [Choice(i) for i in range(len(job.ids))]
         last_sent: float | None = None
-        if fmt.chat:
+        if answer.chat:
             for choice in choices:
-                yield fmt.chunk(choice.index, None, role=True)
+                yield answer.chunk(choice.index, None, role=True)
         try:
             async for item in self._items(job, keepalive):
                 if item is None:
@@ -213,8 +221,9 @@ class Jobs:
                 index, event = item
                 if isinstance(event, APIError) or event.kind == "error":
                     failed = event if isinstance(event, APIError) else _worker_error(event)
-                    yield sse(failed.body())
+                    yield sse(failed.envelope())
                     break
+                provenance = pieces.of(index, event) if pieces is not None else None
                 if event.text:
                     now = time.monotonic()
                     if last_sent is None:
@@ -222,17 +231,18 @@ class Jobs:
                     else:
                         self.metrics.itl.labels(job.model).observe(now - last_sent)
                     last_sent = now
-                    yield fmt.chunk(index, event.text)
+                if event.text or provenance is not None:
+                    yield answer.chunk(index, event.text, provenance=provenance)
                 if event.kind == "done":
                     choices[index].finish_reason = event.finish_reason
                     choices[index].usage = event.usage
-                    yield fmt.chunk(
-                        index, None if fmt.chat else "", finish_reason=event.finish_reason
+                    yield answer.chunk(
+                        index, None if answer.chat else "", finish_reason=event.finish_reason
                     )
         except Timeout as stalled:
-            yield sse(stalled.body())
-        if fmt.include_usage_chunk and job.finished:
-            yield fmt.usage_chunk(choices, job.prompt_tokens)
+            yield sse(stalled.envelope())
+        if answer.include_usage_chunk and job.finished:
+            yield answer.usage_chunk(choices, job.prompt_tokens)
         yield DONE
         self.metrics.e2e.labels(job.model).observe(time.monotonic() - job.started_at)
 

@@ -16,6 +16,7 @@ ROUTES = {
     "/healthz",
     "/readyz",
     "/metrics",
+    "/playground",
 }
 
 

@@ -3,6 +3,10 @@ names the parameter, never silently ignored.
 
 Types are strict, as in OpenAI's API: "4" is not an integer and 0 is not a boolean. These models
 are also the OpenAPI schema of the routes, so clients and fuzzers see what the routes accept.
+
+Three parameters are this server's own (the openai client sends them with `extra_body`):
+`speculation` picks the request's speculative decoding, `provenance` adds to each stream chunk
+where its tokens came from, and `rejected_drafts` adds the drafts the target rejected.
 """
 
 from typing import Annotated, Any, Literal, TypeVar
@@ -11,6 +15,7 @@ import pydantic_core
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from dcoco.gateway.errors import InvalidRequest, Unsupported
+from dcoco.queue.protocol import Speculation
 
 MAX_STOPS = 4  # OpenAI's limit
 MAX_STOP_CHARS = 256
@@ -80,17 +85,28 @@ class StreamOptions(Strict):
     include_usage: bool = False
 
 
-# What the request schema says of stream_options, which the server refuses without stream: true.
-STREAM_OPTIONS_NEED_STREAM: dict[str, Any] = {
-    "anyOf": [
-        {"properties": {"stream_options": {"type": "null"}}},  # absent or null
-        {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+def needs(field: str, off: dict[str, Any], value: object, on: str) -> dict[str, Any]:
+    """The JSON schema of "`field` is absent or `off`, unless `on` is `value`"."""
+    return {
+        "anyOf": [
+            {"properties": {field: off}},  # absent, or off
+            {"properties": {on: {"const": value}}, "required": [on]},
+        ]
+    }
+
+
+# What the request schema says of the parameters the server refuses without another one.
+DEPENDENCIES: dict[str, Any] = {
+    "allOf": [
+        needs("stream_options", {"type": "null"}, True, "stream"),
+        needs("provenance", {"not": {"const": True}}, True, "stream"),
+        needs("rejected_drafts", {"not": {"const": True}}, True, "provenance"),
     ]
 }
 
 
 class Sampling(Strict):
-    model_config = ConfigDict(json_schema_extra=STREAM_OPTIONS_NEED_STREAM)
+    model_config = ConfigDict(json_schema_extra=DEPENDENCIES)
 
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -103,6 +119,25 @@ class Sampling(Strict):
     user: str | None = Field(None, max_length=256)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    speculation: Speculation | None = Field(
+        None,
+        description="This server's own: the request's speculative decoding. off: the target "
+        "alone, one token per step; dflash: the DFlash drafter's top-1 block; dcoco: the "
+        "drafter's top-K per slot, re-selected by the DCOCO corrector. Null: the model's "
+        "default. A model whose workers cannot run the value answers 400 (see /v1/models).",
+    )
+    provenance: bool = Field(
+        False,
+        description="This server's own, streams only: each chunk's choice carries "
+        "`provenance`, every token of the chunk with its text and where it came from "
+        "(drafted, corrected, target), and the verification cycle. 400 where the model's "
+        "engine cannot tell (vLLM).",
+    )
+    rejected_drafts: bool = Field(
+        False,
+        description="This server's own, with provenance: also the draft tokens the target "
+        "rejected in the chunk's cycle.",
+    )
 
     @field_validator("stop")
     @classmethod
@@ -113,6 +148,13 @@ class Sampling(Strict):
         if any(not s or len(s) > MAX_STOP_CHARS for s in stops):
             raise ValueError(f"stop sequences must have 1 to {MAX_STOP_CHARS} characters")
         return value
+
+    def budget(self) -> int | None:
+        """max_tokens as asked (None: the rest of the context)."""
+        raise NotImplementedError
+
+    def prompt_count(self) -> int:
+        raise NotImplementedError
 
     def stops(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -192,5 +234,14 @@ def parse(model: type[S], body_bytes: bytes) -> S:
     if request.stream_options is not None and not request.stream:
         raise InvalidRequest(
             "stream_options is only allowed with stream: true", param="stream_options"
+        )
+    if request.provenance and not request.stream:
+        raise InvalidRequest(
+            "provenance is carried by stream chunks: it needs stream: true", param="provenance"
+        )
+    if request.rejected_drafts and not request.provenance:
+        raise InvalidRequest(
+            "rejected_drafts is part of the provenance: it needs provenance: true",
+            param="rejected_drafts",
         )
     return request

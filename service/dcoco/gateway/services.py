@@ -2,8 +2,6 @@
 
 from dataclasses import dataclass
 
-from starlette.requests import Request
-
 from dcoco.gateway.catalog import Catalog
 from dcoco.gateway.guard import Guard
 from dcoco.gateway.jobs import Jobs
@@ -23,9 +21,3 @@ class Services:
     metrics: GatewayMetrics
     lanes: Lanes  # the threads that parse and tokenize request bodies
     broken: bool = False  # a background loop kept crashing: /healthz fails
-
-
-def services_of(request: Request) -> Services:
-    services = request.app.state.services
-    assert isinstance(services, Services)
-    return services

@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+Speculation = Literal["off", "dflash", "dcoco"]  # what a request may ask for; Mode.speculation
+
 
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -33,7 +35,7 @@ class Envelope(Frozen):
     deadline: float  # unix seconds; a worker picking it up later does not run it
     # The request's own speculation (None: the worker's DCOCO_MODE), and whether its delta
     # events carry each token's provenance, its cycle and the cycle's rejected draft.
-    speculation: Literal["off", "dflash", "dcoco"] | None = None
+    speculation: Speculation | None = None
     provenance: bool = False
 
     def expired(self, now: float | None = None) -> bool:
@@ -78,11 +80,25 @@ class Event(Frozen):
     error: ErrorInfo | None = None
 
 
-class ModelCard(Frozen):
-    """What a gateway needs to accept requests for a model; workers publish it."""
+class ModelCard(BaseModel):
+    """What a gateway needs to accept requests for a model; workers publish it.
+
+    Unknown fields are ignored, so that a gateway reads the cards of newer workers during a
+    rolling upgrade. The capabilities have defaults that mean "not said" (cards of older
+    workers): the gateway then passes a request's choices on and the worker decides."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     name: str
     max_model_len: int
     tokenizer_sha: str
     chat_template: str | None
     created: int
+    engine: Literal["torch", "vllm", "instant"] | None = None
+    # The speculation the worker runs when a request names none, and every one a request may
+    # name (empty: not said).
+    default_speculation: Speculation | None = None
+    speculation: tuple[Speculation, ...] = ()
+    # Whether delta events carry each token's provenance, cycle and rejected draft when the
+    # envelope asks (the torch engine); False where the engine cannot tell (vLLM); None: not said.
+    provenance: bool | None = None

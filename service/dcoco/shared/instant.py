@@ -32,7 +32,12 @@ class InstantEngineClient:
             sent += size
             done = sent >= total
             yield EngineDelta(
-                chunk, finished=done, finish_reason="length" if done else None, stats=SpecStats()
+                chunk,
+                finished=done,
+                finish_reason="length" if done else None,
+                stats=SpecStats(),
+                provenance=("target",) * size,  # no drafter: every token is the "target's"
+                cycle=sent // TOKENS_PER_DELTA,
             )
             await asyncio.sleep(0)
 

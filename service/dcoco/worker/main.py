@@ -8,13 +8,15 @@ import os
 import signal
 import socket
 import time
+from typing import cast
 
 from prometheus_client import CollectorRegistry
 
 from dcoco.queue.connection import UNAVAILABLE, back_off, connect
 from dcoco.queue.consumer import WorkerQueue
-from dcoco.queue.protocol import ModelCard
+from dcoco.queue.protocol import ModelCard, Speculation
 from dcoco.settings import WorkerSettings
+from dcoco.shared.options import Mode
 from dcoco.shared.supervisor import LoopFailed
 from dcoco.tokenizer import Tokenizer
 from dcoco.worker.engines import adopt_engine_metrics, build_engine_client
@@ -82,7 +84,25 @@ def model_card(
         tokenizer_sha=hashlib.sha256(tokenizer_json.encode()).hexdigest()[:16],
         chat_template=tokenizer.chat_template,
         created=int(time.time()),
+        engine=settings.engine,
+        default_speculation=cast(Speculation, settings.mode.speculation),
+        speculation=runnable_speculation(settings),
+        provenance=settings.engine != "vllm",
     )
+
+
+def runnable_speculation(settings: WorkerSettings) -> tuple[Speculation, ...]:
+    """What a request may ask of this worker: the torch engine runs its mode and every mode
+    that drafts less, per request (a DCOCO engine all three); vLLM drafts one way for every
+    request; the instant fixture runs no model and takes any."""
+    order = (Mode.VANILLA, Mode.DFLASH, Mode.DCOCO)
+    if settings.engine == "vllm":
+        modes: tuple[Mode, ...] = (settings.mode,)
+    elif settings.engine == "instant":
+        modes = order
+    else:
+        modes = order[: order.index(settings.mode) + 1]
+    return tuple(cast(Speculation, m.speculation) for m in modes)
 
 
 async def register_model(settings: WorkerSettings) -> None:
