@@ -143,6 +143,47 @@ def test_repeated_passes_give_each_ratio_its_spread(
     assert "Over 3 passes" in (out / "bench.md").read_text()
 
 
+def test_each_speculation_variant_goes_to_the_same_server(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report"
+    with ScriptedServer(Script(accepted=2, rejected=2)) as server:
+        args = ["--url", server.url, "--speculation", "off,dflash,dcoco", "--out", str(out)]
+        args += ["--suites", "code", "--limit", "2", "--concurrency", "1", "--modes", "greedy"]
+        status, err = run_cli([*args, "--max-tokens", "8", "--warmup", "1"], capsys)
+        assert status == 0, err
+        asked = [body.get("speculation") for body in server.bodies]
+    assert sorted(set(asked)) == ["dcoco", "dflash", "off"]
+    counts = {m: asked.count(m) for m in ("off", "dflash", "dcoco")}
+    assert len(set(counts.values())) == 1  # the same requests for each variant
+    assert counts["off"] >= 1 + 2  # the warm-up, then at least the 2 prompts
+    report = json.loads((out / "bench.json").read_text())
+    assert report["reference"] == "off"
+    assert {r["server"] for r in report["by_level"]} == {"off", "dflash", "dcoco"}
+    status, err = run_cli(["--embedded", "dcoco", "--speculation", "off"], capsys)
+    assert status == 1
+    assert "--speculation sends variants to one --url server" in err
+
+
+def test_the_counters_of_a_variant_are_its_methods() -> None:
+    from dcoco.bench.scrape import parse_counters
+
+    text = (
+        'dcoco_spec_cycles_total{model="m",method="dcoco"} 10\n'
+        'dcoco_spec_cycles_total{model="m",method="off"} 30\n'
+        'dcoco_spec_draft_tokens_total{model="m",method="dcoco"} 40\n'
+        'dcoco_spec_accepted_tokens_total{model="m",method="dcoco"} 25\n'
+    )
+    every = parse_counters(text)
+    dcoco = parse_counters(text, "dcoco")
+    off = parse_counters(text, "off")
+    assert every is not None
+    assert dcoco is not None
+    assert off is not None
+    assert (every.cycles, dcoco.cycles, off.cycles) == (40, 10, 30)
+    assert (dcoco.drafted, dcoco.accepted, off.accepted) == (40, 25, 0)
+
+
 def test_the_command_line_offers_what_the_modules_know() -> None:
     """The command module stays light, so it repeats these names."""
     from dcoco.bench import prompts, variants

@@ -26,6 +26,9 @@ class Server:
     url: str  # base URL, without /v1
     model: str
     metrics_url: str | None  # Prometheus text with spec-decode counters, if any
+    # The speculation every request asks for (DCOCO's `speculation`): variants of one server
+    # compared side by side; None sends no such field.
+    speculation: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,8 @@ def body(server: Server, call: Call, continuous_usage: bool) -> dict[str, Any]:
     }
     if call.seed is not None:
         payload["seed"] = call.seed
+    if server.speculation is not None:
+        payload["speculation"] = server.speculation
     return payload | call.extra
 
 

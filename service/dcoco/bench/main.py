@@ -7,7 +7,7 @@ import os
 import platform
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
@@ -134,7 +134,22 @@ def measure(
     return report
 
 
+def variants(servers: list[Server], methods: list[str]) -> list[Server]:
+    """The --url server once per speculation method, each named by its method; the baselines
+    after them."""
+    first, rest = servers[0], servers[1:]
+    taken = {s.name for s in rest} & set(methods)
+    if taken:
+        raise UsageError(f"--speculation names a --baseline already has: {', '.join(taken)}")
+    return [replace(first, name=method, speculation=method) for method in methods] + rest
+
+
 def run_bench_command(args: argparse.Namespace) -> None:
     found = endpoints(args)
     servers = asyncio.run(check_all(found, args.model))
-    measure(args, servers, [e.name for e in found[1:]], {}, [])
+    baselines = [e.name for e in found[1:]]
+    if args.speculation:
+        servers = variants(servers, args.speculation)
+        # Plain decoding is the reference when it runs, as `vanilla` is between servers.
+        baselines = ["off", *baselines] if "off" in args.speculation else baselines
+    measure(args, servers, baselines, {}, [])

@@ -101,7 +101,7 @@ async def read_counters(
     if server.metrics_url is None or server.name in broken:
         return None
     try:
-        counters = await scrape(http, server.metrics_url, SCRAPE_TIMEOUT_S)
+        counters = await scrape(http, server.metrics_url, SCRAPE_TIMEOUT_S, server.speculation)
     except ScrapeFailed as problem:
         broken.add(server.name)
         results.notes.append(f"{server.name}: no speculation counters ({problem})")

@@ -11,7 +11,9 @@ Two families are known, ours (a worker's `/metrics`) and vLLM's:
               vllm:spec_decode_num_accepted_tokens_per_pos_total: one per draft slot
 
 Each counter is summed over all its label sets, so the deltas cover every request the server
-ran in between, this benchmark's or not: point it at a server nobody else uses.
+ran in between, this benchmark's or not: point it at a server nobody else uses. A variant that
+asks for one speculation method (`Server.speculation`) counts only the series of that `method`
+where the counters carry the label (ours do).
 """
 
 from dataclasses import dataclass
@@ -72,13 +74,16 @@ class Counters:
         )
 
 
-def parse_counters(text: str) -> Counters | None:
-    """The speculation counters in Prometheus text, or None when it has neither family."""
+def parse_counters(text: str, method: str | None = None) -> Counters | None:
+    """The speculation counters in Prometheus text (only `method`'s series, when given, of
+    counters labelled by method), or None when it has neither family."""
     totals: dict[str, float] = {}
     positions: dict[str, set[str]] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
+                if method is not None and sample.labels.get("method", method) != method:
+                    continue
                 totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
                 if "position" in sample.labels:
                     positions.setdefault(sample.name, set()).add(sample.labels["position"])
@@ -96,7 +101,9 @@ def parse_counters(text: str) -> Counters | None:
     return None
 
 
-async def scrape(http: aiohttp.ClientSession, url: str, timeout_s: float) -> Counters | None:
+async def scrape(
+    http: aiohttp.ClientSession, url: str, timeout_s: float, method: str | None = None
+) -> Counters | None:
     try:
         async with http.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
             if reply.status != 200:
@@ -104,7 +111,7 @@ async def scrape(http: aiohttp.ClientSession, url: str, timeout_s: float) -> Cou
             text = await reply.text()
     except (aiohttp.ClientError, TimeoutError) as problem:
         raise ScrapeFailed(f"GET {url} failed: {type(problem).__name__} {problem}") from None
-    return parse_counters(text)
+    return parse_counters(text, method)
 
 
 def crosscheck(

@@ -3,10 +3,11 @@
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, get_args
 
 from dcoco.commands.args import positive_int
 from dcoco.paths import DEFAULT_HELDOUT, DEFAULT_MODELS, REPO_ROOT
+from dcoco.queue.protocol import Speculation
 from dcoco.shared.errors import UsageError
 
 T = TypeVar("T")
@@ -23,6 +24,7 @@ SUITES = (
     "gpqa",
     "mtbench2",
 )
+SPECULATION: tuple[str, ...] = get_args(Speculation)  # a request's speculation: off, dflash, dcoco
 MODES = ("greedy", "t1")
 THINKING = ("default", "on", "off", "both")
 VARIANTS = ("vanilla", "dflash", "dcoco", "dcoco-adaptive")
@@ -57,6 +59,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--embedded",
         type=listed(str, VARIANTS),
         help=f"start one embedded stack per variant and compare them ({', '.join(VARIANTS)})",
+    )
+    parser.add_argument(
+        "--speculation",
+        type=listed(str, SPECULATION),
+        help="with --url: send every request once per speculation method, each a variant of "
+        f"the server named by its method, e.g. off,dflash,dcoco ({', '.join(SPECULATION)}; "
+        "DCOCO's per-request `speculation`); off, when given, is the reference",
     )
     parser.add_argument("--model", help="the model to ask for (default: the one each server lists)")
     parser.add_argument("--name", default="server", help="the --url server's name in the report")
@@ -135,6 +144,11 @@ def run(args: argparse.Namespace) -> None:
         if args.baseline or args.metrics_url or args.baseline_metrics or args.model:
             raise UsageError(
                 "--embedded starts its own servers: drop --model, --baseline and --*metrics*"
+            )
+        if args.speculation:
+            raise UsageError(
+                "--speculation sends variants to one --url server; --embedded starts a stack "
+                "per variant instead"
             )
         from dcoco.bench.variants import run_embedded
 
