@@ -1,4 +1,5 @@
-"""Configuration from DCOCO_* environment variables (and command-line flags, which win).
+"""Configuration from DCOCO_* environment variables (and command-line flags, which win: each
+setting of the gateway and the worker is a flag of its command, `commands/args.py`).
 
 Nothing is read at import time: each process builds its settings object once, in main.
 """
@@ -14,7 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from dcoco.paths import DEFAULT_DCOCO, DEFAULT_MODEL_NAME, DEFAULT_TARGET
 from dcoco.shared.engine_config import DEFAULT_CACHE_DIR, EngineConfig
 from dcoco.shared.errors import UsageError
-from dcoco.shared.options import DEFAULT_PRECISION, Mode, Precision, Rule
+from dcoco.shared.options import DEFAULT_PRECISION, PRECISION_HELP, Mode, Precision, Rule
 
 S = TypeVar("S", bound=BaseSettings)
 
@@ -44,7 +45,9 @@ class QueueSettings(BaseSettings):
 class GatewaySettings(QueueSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    api_keys: Annotated[tuple[str, ...], NoDecode] = ()  # comma-separated; empty: no auth
+    api_keys: Annotated[tuple[str, ...], NoDecode] = Field(
+        (), description="comma-separated API keys; empty: no authentication"
+    )
     api_keys_file: Path | None = None  # one key per line, e.g. a mounted Kubernetes secret
     rate_limit_rpm: int = Field(0, ge=0)  # requests per minute per API key; 0: unlimited
     rate_limit_burst: int = Field(10, ge=1)  # requests a key may send at once
@@ -102,7 +105,11 @@ class EngineSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="DCOCO_", extra="ignore")
 
-    mode: Mode = Mode.DCOCO
+    mode: Mode = Field(
+        Mode.DCOCO,
+        description="what a request that names no speculation gets; a request may "
+        "name any mode that drafts no more (vanilla < dflash < dcoco)",
+    )
     rule: Rule = Rule.PREFIX
     gamma: float = Field(0.5, gt=0.0, le=1.0)  # the discounted rule's decay per slot
     num_speculative_tokens: int | None = Field(None, ge=1)  # None: the drafter's block size
@@ -112,7 +119,7 @@ class EngineSettings(BaseSettings):
     prefill_tokens: int = Field(256, ge=1)
     max_model_len: int | None = Field(None, ge=16)  # None: the target's max_position_embeddings
     # auto: the fastest on this CPU, measured at start (engine/precision.py); fp32: exact.
-    precision: Precision = DEFAULT_PRECISION
+    precision: Precision = Field(DEFAULT_PRECISION, description=PRECISION_HELP)
     cache_dir: Path = DEFAULT_CACHE_DIR  # auto precision's measured costs, per CPU and model
     # Verify, each cycle, the prefix of the draft that maximises expected tokens per second,
     # from measured acceptance per slot and measured verify cost; False: always all B, for
@@ -138,17 +145,21 @@ class EngineSettings(BaseSettings):
 
 
 class WorkerSettings(QueueSettings, EngineSettings):
-    model_name: str = DEFAULT_MODEL_NAME  # the `model` clients ask for
+    model_name: str = Field(DEFAULT_MODEL_NAME, description="the model name clients ask for")
     # torch: the embedded engine. vllm: AsyncLLM with the DCOCO drafter through our plugin
     # (needs vLLM installed). instant: a test and benchmark fixture that answers with a fixed
     # text and runs no model; never a serving engine.
-    engine: Literal["torch", "vllm", "instant"] = "torch"
+    engine: Literal["torch", "vllm", "instant"] = Field(
+        "torch",
+        description="torch: the embedded engine; vllm: AsyncLLM with the DCOCO plugin; "
+        "instant: a test and benchmark fixture",
+    )
     # Extra vLLM engine arguments, a JSON object of AsyncEngineArgs fields (engine vllm only).
     vllm_args: Annotated[dict[str, Any], NoDecode] = Field(default_factory=dict)
-    target: Path = DEFAULT_TARGET
-    drafter: Path | None = DEFAULT_DCOCO
+    target: Path = Field(DEFAULT_TARGET, description="target folder (Hugging Face layout)")
+    drafter: Path | None = Field(DEFAULT_DCOCO, description="drafter folder (vLLM DFlash layout)")
     metrics_host: str = "127.0.0.1"
-    metrics_port: int = Field(9400, ge=0, le=65535)  # 0: no metrics endpoint
+    metrics_port: int = Field(9400, ge=0, le=65535, description="0: no metrics endpoint")
     heartbeat_s: float = Field(2.0, gt=0)
     drain_timeout_s: float = Field(25.0, ge=0)  # on SIGTERM, finish in-flight work this long
     worker_id: str | None = None  # default: host name and process id

@@ -5,6 +5,7 @@ from pathlib import Path
 
 from dcoco.commands.args import positive_int
 from dcoco.shared.errors import UsageError
+from dcoco.shared.options import Rule
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -18,14 +19,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "dflash: the same drafter without the corrector, for stock vLLM",
     )
     parser.add_argument("--top-k", type=positive_int, help="K vLLM keeps; default: the trained K")
-    parser.add_argument("--rule", choices=["prefix", "global", "discounted"], default="prefix")
+    parser.add_argument("--rule", choices=[r.value for r in Rule], default=Rule.PREFIX.value)
     parser.add_argument("--gamma", type=float, default=0.5, help="the discounted rule's decay")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
 
 
 def run(args: argparse.Namespace) -> None:
     from dcoco.checkpoint import CheckpointError
-    from dcoco.shared.options import Rule
     from dcoco.vllm.export import ExportOptions, export_drafter
 
     try:

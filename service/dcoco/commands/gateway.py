@@ -2,19 +2,19 @@
 
 import argparse
 
+from dcoco.commands.args import settings_flags
+from dcoco.settings import GatewaySettings
 from dcoco.shared.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", help="bind address (DCOCO_HOST)")
-    parser.add_argument("--port", type=int, help="port (DCOCO_PORT)")
-    parser.add_argument("--redis-url", help="DCOCO_REDIS_URL")
+    settings_flags(parser, GatewaySettings)
 
 
 def run(args: argparse.Namespace) -> None:
     from dcoco.gateway.main import run_gateway
     from dcoco.logs import configure_logging
-    from dcoco.settings import GatewaySettings, settings_from
+    from dcoco.settings import settings_from
 
     settings = settings_from(GatewaySettings, args)
     try:

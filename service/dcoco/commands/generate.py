@@ -3,7 +3,7 @@
 import argparse
 
 from dcoco.commands.args import positive_int
-from dcoco.shared.options import PRECISION_HELP, Precision
+from dcoco.shared.options import PRECISION_HELP, Mode, Precision, Rule
 
 
 def configure(gen: argparse.ArgumentParser) -> None:
@@ -15,8 +15,8 @@ def configure(gen: argparse.ArgumentParser) -> None:
         help="DFlash or DCOCO drafter folder (vLLM layout); default, when --target is not "
         "given either: the embedded default's drafter for --mode",
     )
-    gen.add_argument("--mode", choices=["vanilla", "dflash", "dcoco"], default="dcoco")
-    gen.add_argument("--rule", choices=["prefix", "global", "discounted"], default="prefix")
+    gen.add_argument("--mode", choices=[m.value for m in Mode], default=Mode.DCOCO.value)
+    gen.add_argument("--rule", choices=[r.value for r in Rule], default=Rule.PREFIX.value)
     gen.add_argument("--gamma", type=float, default=0.5, help="the discounted rule's decay")
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="one prompt")

@@ -4,6 +4,8 @@
 import argparse
 import sys
 
+from dcoco.shared.options import Mode
+
 EMBEDDED = ("smollm2", "tiny")
 
 
@@ -20,7 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--target", help="target folder: one worker for it alone")
     parser.add_argument("--drafter", help="drafter folder for --target")
-    parser.add_argument("--mode", choices=["vanilla", "dflash", "dcoco"])
+    parser.add_argument("--mode", choices=[m.value for m in Mode], help="DCOCO_MODE")
     parser.add_argument("--model-name", help="the model name clients ask for, with --target")
 
 

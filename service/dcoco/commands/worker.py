@@ -3,31 +3,13 @@
 import argparse
 import sys
 
-from dcoco.commands.args import positive_int
+from dcoco.commands.args import settings_flags
+from dcoco.settings import WorkerSettings
 from dcoco.shared.errors import UsageError
-from dcoco.shared.options import PRECISION_HELP, Precision
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--engine",
-        choices=["torch", "vllm", "instant"],
-        help="DCOCO_ENGINE (vllm: AsyncLLM with the DCOCO plugin; instant: benchmark fixture)",
-    )
-    parser.add_argument("--model-name", help="the model name clients ask for (DCOCO_MODEL_NAME)")
-    parser.add_argument("--target", help="target folder (DCOCO_TARGET)")
-    parser.add_argument("--drafter", help="drafter folder (DCOCO_DRAFTER)")
-    parser.add_argument("--mode", choices=["vanilla", "dflash", "dcoco"], help="DCOCO_MODE")
-    parser.add_argument("--rule", choices=["prefix", "global", "discounted"], help="DCOCO_RULE")
-    parser.add_argument("--max-batch-size", type=positive_int, help="DCOCO_MAX_BATCH_SIZE")
-    parser.add_argument("--max-model-len", type=positive_int, help="DCOCO_MAX_MODEL_LEN")
-    parser.add_argument(
-        "--precision",
-        choices=[p.value for p in Precision],
-        help=f"DCOCO_PRECISION: {PRECISION_HELP}",
-    )
-    parser.add_argument("--metrics-port", type=int, help="DCOCO_METRICS_PORT (0: none)")
-    parser.add_argument("--redis-url", help="DCOCO_REDIS_URL")
+    settings_flags(parser, WorkerSettings)
     parser.add_argument(
         "--register-only",
         action="store_true",
@@ -42,7 +24,7 @@ def run(args: argparse.Namespace) -> None:
     from dcoco.checkpoint import CheckpointError
     from dcoco.logs import configure_logging
     from dcoco.queue.connection import UNAVAILABLE
-    from dcoco.settings import WorkerSettings, settings_from
+    from dcoco.settings import settings_from
     from dcoco.tokenizer import TokenizerError
     from dcoco.worker.main import register_model, run_worker
 
