@@ -238,6 +238,50 @@ def speculation() -> list[Panel]:
     ]
 
 
+def ab_test() -> list[Panel]:
+    """The same deployment serving several speculation methods at once (each request may name
+    its own: `speculation`), compared; every dcoco_spec_* series carries `method`."""
+    total = f'phase="total", {M}'
+    length = accepted_length("method")
+    cycle = (
+        f"{rate('dcoco_spec_cycle_seconds_sum', total, 'method')} / "
+        f"({rate('dcoco_spec_cycle_seconds_count', total, 'method')} > 0)"
+    )
+    committed = (
+        f"{rate('dcoco_spec_accepted_tokens_total', by='method')} + "
+        f"{rate('dcoco_spec_cycles_total', by='method')}"
+    )
+    return [
+        series(
+            "Accepted length by method",
+            "Tokens committed per verification cycle, bonus included, for the requests of each "
+            "speculation method (off is 1 by definition).",
+            [query(length, "{{method}}")],
+        ),
+        series(
+            "Tokens / s per stream by method",
+            "What one stream of each method generates a second: its accepted length over the "
+            "mean cycle time of the cycles it took part in.",
+            [query(f"({length}) / ({cycle})", "{{method}}")],
+            unit="tokens/s",
+        ),
+        series(
+            "Generated tokens / s by method",
+            "Tokens committed a second by all the streams of each method (accepted drafted "
+            "tokens plus one target token per cycle).",
+            [query(committed, "{{method}}")],
+            unit="tokens/s",
+        ),
+        series(
+            "Cycle time by method",
+            "Mean seconds of the cycles each method's streams took part in (a batch mixing "
+            "methods shares its cycles).",
+            [query(cycle, "{{method}}")],
+            unit="s",
+        ),
+    ]
+
+
 def latency() -> list[Panel]:
     return [
         percentiles(
@@ -459,9 +503,9 @@ def build() -> db.Dashboard:
         db.Dashboard("DCOCO serving")
         .uid(UID)
         .description(
-            "DCOCO speculative decoding: acceptance, the corrector, cycle cost, latency as clients "
-            "see it, the Redis queue and workers, capacity and backlog; and vLLM's own "
-            "spec-decode series."
+            "DCOCO speculative decoding: acceptance, the corrector, cycle cost, speculation "
+            "methods compared, latency as clients see it, the Redis queue and workers, capacity "
+            "and backlog; and vLLM's own spec-decode series."
         )
         .tags(["dcoco", "vllm", "speculative-decoding"])
         .editable()
@@ -475,6 +519,7 @@ def build() -> db.Dashboard:
     rows: list[tuple[str, list[Panel]]] = [
         ("Overview", overview()),
         ("Speculation", speculation()),
+        ("A/B by speculation method", ab_test()),
         ("Latency and throughput", latency()),
         ("Queue and workers", queue()),
         ("Capacity and backlog", capacity()),

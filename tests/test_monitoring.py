@@ -71,6 +71,11 @@ def test_dashboard_variables_and_panels() -> None:
         "Corrector rescue and override rates",
         "Cycle time by phase",
         "Correction share of the cycle",
+        # A/B of speculation methods in one deployment (requests name their own)
+        "Accepted length by method",
+        "Tokens / s per stream by method",
+        "Generated tokens / s by method",
+        "Cycle time by method",
         "Time to first token",
         "Inter-token latency",
         "End-to-end latency",
