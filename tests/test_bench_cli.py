@@ -5,12 +5,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
 from bench_server import Script, ScriptedServer
 from dcoco.cli import main
+from dcoco.queue.protocol import Speculation
 from dcoco.serve import free_port
 
 
@@ -194,6 +195,7 @@ def test_the_command_line_offers_what_the_modules_know() -> None:
     assert tuple(prompts.SAMPLING) == bench.MODES
     assert tuple(prompts.THINKING) == bench.THINKING
     assert tuple(variants.VARIANTS) == bench.VARIANTS
+    assert get_args(Speculation) == bench.SPECULATION
 
 
 def test_benchmarking_a_remote_server_loads_no_engine() -> None:

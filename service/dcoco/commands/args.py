@@ -12,8 +12,6 @@ import types
 from collections.abc import Iterable
 from typing import Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel
-
 
 def positive_int(text: str) -> int:
     value = int(text)
@@ -36,7 +34,7 @@ def choices_of(annotation: Any) -> list[str] | None:
 
 def settings_flags(
     parser: argparse.ArgumentParser,
-    settings: type[BaseModel],
+    settings: Any,  # a pydantic settings class (pydantic is not imported here: too heavy)
     only: Iterable[str] | None = None,
     prefix: str = "DCOCO_",
 ) -> None:
@@ -46,7 +44,7 @@ def settings_flags(
     for name, field in settings.model_fields.items():
         if wanted is not None and name not in wanted:
             continue
-        default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
+        default = field.default_factory() if field.default_factory else field.default
         shown = getattr(default, "value", default)
         about = f": {field.description}" if field.description else ""
         help_text = f"{prefix}{name.upper()}{about} (default: {shown})".replace("%", "%%")

@@ -3,15 +3,14 @@
 import argparse
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar, get_args
+from typing import TypeVar
 
 from dcoco.commands.args import positive_int
 from dcoco.paths import DEFAULT_HELDOUT, DEFAULT_MODELS, REPO_ROOT
-from dcoco.queue.protocol import Speculation
 from dcoco.shared.errors import UsageError
 
 T = TypeVar("T")
-# Repeated from dcoco.suites, dcoco.bench.prompts and dcoco.bench.variants, which this
+# Repeated from dcoco.suites, dcoco.bench.prompts, dcoco.bench.variants and dcoco.queue, which this
 # module does not import so that building the parser stays light; a test keeps them equal.
 SUITES = (
     "code",
@@ -24,7 +23,7 @@ SUITES = (
     "gpqa",
     "mtbench2",
 )
-SPECULATION: tuple[str, ...] = get_args(Speculation)  # a request's speculation: off, dflash, dcoco
+SPECULATION = ("off", "dflash", "dcoco")  # a request's speculation (dcoco.queue.protocol)
 MODES = ("greedy", "t1")
 THINKING = ("default", "on", "off", "both")
 VARIANTS = ("vanilla", "dflash", "dcoco", "dcoco-adaptive")

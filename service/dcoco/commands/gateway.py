@@ -3,18 +3,21 @@
 import argparse
 
 from dcoco.commands.args import settings_flags
-from dcoco.settings import GatewaySettings
 from dcoco.shared.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from dcoco.settings import (
+        GatewaySettings,
+    )  # the flags are the settings' (pydantic: not at import)
+
     settings_flags(parser, GatewaySettings)
 
 
 def run(args: argparse.Namespace) -> None:
     from dcoco.gateway.main import run_gateway
     from dcoco.logs import configure_logging
-    from dcoco.settings import settings_from
+    from dcoco.settings import GatewaySettings, settings_from
 
     settings = settings_from(GatewaySettings, args)
     try:

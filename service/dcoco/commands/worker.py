@@ -4,11 +4,14 @@ import argparse
 import sys
 
 from dcoco.commands.args import settings_flags
-from dcoco.settings import WorkerSettings
 from dcoco.shared.errors import UsageError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    from dcoco.settings import (
+        WorkerSettings,
+    )  # the flags are the settings' (pydantic: not at import)
+
     settings_flags(parser, WorkerSettings)
     parser.add_argument(
         "--register-only",
@@ -24,7 +27,7 @@ def run(args: argparse.Namespace) -> None:
     from dcoco.checkpoint import CheckpointError
     from dcoco.logs import configure_logging
     from dcoco.queue.connection import UNAVAILABLE
-    from dcoco.settings import settings_from
+    from dcoco.settings import WorkerSettings, settings_from
     from dcoco.tokenizer import TokenizerError
     from dcoco.worker.main import register_model, run_worker
 
