@@ -71,6 +71,27 @@ def test_the_worker_serves_the_plugin_s_series(stack: Stack) -> None:
     assert text.count("# TYPE dcoco_spec_corrected_tokens_total") <= 1
 
 
+def test_the_card_says_what_vllm_cannot_give_and_the_gateway_refuses_it(stack: Stack) -> None:
+    """vLLM drafts one way for every request and reports acceptance per request only: its
+    card says so, and the gateway answers 400 naming `speculation` and `provenance`."""
+    sdk = openai.OpenAI(base_url=f"{stack.url}/v1", api_key="unused", max_retries=0)
+    [card] = [m.model_extra for m in sdk.models.list().data]
+    assert card is not None
+    assert (card["engine"], card["speculation"], card["provenance"]) == ("vllm", ["dcoco"], False)
+    ask = {"model": Stack.MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    for extra, param in (
+        ({"speculation": "off"}, "speculation"),
+        ({"provenance": True}, "provenance"),
+    ):
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.chat.completions.create(**ask, stream=True, extra_body=extra)
+        assert refused.value.param == param
+        assert refused.value.code == "unsupported_value"
+    same = sdk.chat.completions.create(**ask, extra_body={"speculation": "dcoco"})
+    assert same.usage is not None
+    assert same.usage.completion_tokens > 0
+
+
 def test_a_disconnected_client_aborts_the_vllm_request(stack: Stack) -> None:
     check_disconnect_aborts(stack, max_tokens=480)
 
