@@ -20,9 +20,10 @@ from dcoco.queue import keys
 from dcoco.queue.connection import connect
 from dcoco.queue.consumer import WorkerQueue
 from dcoco.queue.protocol import Envelope, ModelCard
+from dcoco.serve import free_port
 from dcoco.settings import GatewaySettings
 from dcoco.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
-from stack import RedisServer
+from stack import RedisServer, Service, http_status, wait_for
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 QUEUE_TIMEOUT_S = 0.5
@@ -181,6 +182,41 @@ async def test_per_key_concurrency_limit(redis_server: RedisServer, published: N
         assert (await first).status_code == 504
         third = await client.post("/v1/chat/completions", json=CHAT, headers=auth)
         assert third.status_code == 504  # the slot was released
+
+
+def test_a_stream_holds_its_keys_slot_until_it_ends(
+    redis_server: RedisServer, published: None, tmp_path: Path
+) -> None:
+    """The slot is released once the response has been sent, a whole stream included (a real
+    gateway process: the in-process transport would read the whole stream first)."""
+    port = free_port()
+    env = {
+        "DCOCO_REDIS_URL": redis_server.url,
+        "DCOCO_PORT": str(port),
+        "DCOCO_API_KEYS": "k1",
+        "DCOCO_MAX_CONCURRENT_PER_KEY": "1",
+        "DCOCO_QUEUE_TIMEOUT_S": "2",
+        "DCOCO_SSE_KEEPALIVE_S": "0.2",
+    }
+    process = Service("gateway", env, tmp_path / "gateway.log").start()
+    url = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": "Bearer k1"}
+    try:
+        wait_for(lambda: http_status(f"{url}/healthz") == 200, what="the gateway")
+        body = CHAT | {"stream": True}
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=auth) as r:
+            assert r.status_code == 200  # keep-alives while it waits in the queue
+            second = httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers=auth)
+            assert second.status_code == 429, second.text
+            assert second.json()["error"]["code"] == "concurrency_limit_exceeded"
+            lines = [line for line in r.iter_lines() if line]
+        assert lines[-1] == "data: [DONE]"
+        active = keys.active(key_id("k1"))
+        wait_for(lambda: redis_server.client().zcard(active) == 0, 10, "the slot's release")
+        third = httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers=auth, timeout=30)
+        assert third.status_code == 504  # admitted again; no worker took it up
+    finally:
+        process.stop()
 
 
 async def test_redis_outage_is_a_fast_503(tmp_path: Path) -> None:
