@@ -14,6 +14,7 @@ from dcoco.engine.engine import Engine
 from dcoco.model.causal_lm import CausalLM
 from dcoco.model.quant import DENSE_FROM, GROUP, Int4Linear, Int8Linear
 from dcoco.precision import (
+    WIDTHS,
     CostTable,
     apply_precision,
     cache_file,
@@ -134,11 +135,16 @@ def test_auto_measures_once_caches_and_survives_a_corrupt_cache(
     assert engine.costs is not None
     assert engine.cfg.precision is engine.costs.fastest()
     assert set(engine.costs.seconds) == {"fp32", "bf16", "int8", "int4"}
-    assert set(engine.costs.seconds["fp32"]) == {1, 2}  # up to max_batch_size tokens
+    assert tuple(engine.costs.seconds["fp32"]) == WIDTHS
     cached = json.loads(cache_file(tmp_path).read_text())
     assert len(cached) == 1
 
-    again = cost_table(target, (1, 2), tmp_path)
+    # Another batch size (or mode) reads the same entry: one choice per CPU and model.
+    wider = Engine(
+        copy.deepcopy(target), None, replace(cfg, precision=Precision.AUTO, max_batch_size=8)
+    )
+    assert wider.costs == engine.costs
+    again = cost_table(target, WIDTHS, tmp_path)
     assert again == engine.costs  # read back, not measured
 
     cache_file(tmp_path).write_text("{not json")

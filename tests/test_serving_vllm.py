@@ -66,7 +66,9 @@ def test_the_worker_serves_the_plugin_s_series(stack: Stack) -> None:
     )
     text = fetch(f"http://127.0.0.1:{stack.metrics_ports[-1]}/metrics")
     for phase in ("draft", "correct", "verify", "total"):
-        assert f'dcoco_spec_cycle_seconds_count{{model="tiny",phase="{phase}"}}' in text
+        assert (
+            f'dcoco_spec_cycle_seconds_count{{method="dcoco",model="tiny",phase="{phase}"}}' in text
+        )
     assert 'dcoco_spec_corrected_tokens_total{method="dcoco",model="tiny"}' in text
     assert text.count("# TYPE dcoco_spec_corrected_tokens_total") <= 1
 

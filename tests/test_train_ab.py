@@ -5,9 +5,9 @@ import pytest
 
 from dcoco.checkpoint import load_drafter, load_target
 from dcoco.eval.coverage import measure_coverage
+from dcoco.eval.paired import arm_coverage, completions
 from dcoco.paths import TINY_DFLASH, TINY_HELDOUT, TINY_TARGET
 from dcoco.train.run_ab import summary
-from dcoco.train.run_coverage import arm_coverage, completions
 
 pytestmark = pytest.mark.slow
 

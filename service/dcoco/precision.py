@@ -3,7 +3,7 @@
 Which precision is fastest depends on the CPU, not on the model alone: with AVX512_BF16 a bf16
 forward of 16 tokens costs about what one token does, while on AVX2-only CPUs bf16 is emulated
 and fp32 wins from a few rows on; 4-bit weights read a quarter of bf16's bytes but their
-kernel slows down with many rows. So `auto` times one target forward of 1, 2, 4, ... tokens in
+kernel slows down with many rows. So `auto` times one target forward of 1, 2, 4, ... 32 tokens in
 each precision and keeps the one with the lowest geometric mean over those widths (plain
 steps and verifications weigh alike). The table is cached per CPU, torch build, thread count
 and model shape, so later starts read it; a cache that cannot be read is measured afresh.
@@ -84,6 +84,11 @@ class CostTable:
 def widths(limit: int) -> tuple[int, ...]:
     """1, 2, 4, ... up to `limit` tokens in one forward (at most 32)."""
     return tuple(2**i for i in range(6) if 2**i <= max(1, min(limit, 32)))
+
+
+# The widths every caller measures, whatever its mode or batch size: `auto` is then one
+# precision per CPU and model, so vanilla and speculative decoding print the same tokens.
+WIDTHS = widths(32)
 
 
 def measure(target: CausalLM, sizes: tuple[int, ...]) -> CostTable:

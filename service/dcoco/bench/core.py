@@ -36,7 +36,7 @@ from dcoco.bench.core_parts import (
 )
 from dcoco.checkpoint import load_drafter, load_target
 from dcoco.paths import SMOLLM2_MODELS, packaged_smollm2_gguf
-from dcoco.precision import cost_table, widths
+from dcoco.precision import WIDTHS, cost_table
 from dcoco.shared.engine_config import DEFAULT_CACHE_DIR
 from dcoco.shared.options import Precision
 from dcoco.suites import load_suite
@@ -110,7 +110,7 @@ def run(tokens: int, prompts_per_suite: int, passes: int) -> list[str]:
             f"threads; our fastest plain decoding ({fastest}): {rates[fastest]:.1f} tokens/s, "
             f"{rates[fastest] * llama / 1000:.2f}x llama.cpp."
         )
-    chosen = cost_table(fp32, widths(16), DEFAULT_CACHE_DIR).fastest()
+    chosen = cost_table(fp32, WIDTHS, DEFAULT_CACHE_DIR).fastest()
     lines += [
         "",
         f"## Speculation at batch 1, in the precision `auto` picks here ({chosen})",

@@ -19,7 +19,7 @@ from dcoco.engine.scheduler import Scheduler
 from dcoco.engine.sequence import Sequence
 from dcoco.engine.uniforms import position_uniforms, request_key
 from dcoco.model.causal_lm import CausalLM
-from dcoco.precision import CostTable, cost_table, widths
+from dcoco.precision import WIDTHS, CostTable, cost_table
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams
@@ -42,7 +42,7 @@ class Engine:
             )
         self.costs: CostTable | None = None  # measured forward costs, when precision is auto
         if cfg.precision is Precision.AUTO:
-            self.costs = cost_table(target, widths(cfg.max_batch_size * (block + 1)), cfg.cache_dir)
+            self.costs = cost_table(target, WIDTHS, cfg.cache_dir)
             cfg = replace(cfg, precision=self.costs.fastest())
             log.info(
                 "precision auto: %s, from forward seconds %s", cfg.precision, self.costs.seconds

@@ -19,7 +19,7 @@ from dcoco.eval.plots import acceptance_by_position, coverage_by_depth, speedup_
 from dcoco.eval.report import goals, markdown, run_record
 from dcoco.eval.runner import SETTINGS, VARIANTS, Measurement, Models, compare_to_vanilla, measure
 from dcoco.paths import REPO_ROOT
-from dcoco.precision import cost_table, widths
+from dcoco.precision import WIDTHS, cost_table
 from dcoco.shared.engine_config import DEFAULT_CACHE_DIR
 from dcoco.shared.errors import UsageError
 from dcoco.shared.options import Precision
@@ -34,7 +34,7 @@ def load_models(folder: Path, needed: set[str], precision: Precision) -> tuple[M
     tokenizer = Tokenizer.from_dir(folder / "target")
     target = load_target(folder / "target")
     if precision is Precision.AUTO:  # one choice for every variant, measured once
-        precision = cost_table(target, widths(32), DEFAULT_CACHE_DIR).fastest()
+        precision = cost_table(target, WIDTHS, DEFAULT_CACHE_DIR).fastest()
     drafters = {name: load_drafter(folder / name) for name in sorted(needed)}
     fp32 = functools.cache(lambda: load_target(folder / "target"))
     models = Models(target, drafters, tokenizer.eos_token_ids, precision, fp32)

@@ -120,14 +120,13 @@ def vllm_dtype(settings: WorkerSettings) -> str:
     import torch
 
     from dcoco.checkpoint import load_target
-    from dcoco.precision import cost_table, widths
+    from dcoco.precision import WIDTHS, cost_table
 
     if settings.precision is Precision.AUTO:
         if torch.cuda.is_available():
             return DTYPES[Precision.BF16]
         target = load_target(settings.target)
-        sizes = widths(settings.max_batch_size * 16)
-        table = cost_table(target, sizes, settings.cache_dir)
+        table = cost_table(target, WIDTHS, settings.cache_dir)
         chosen = table.fastest(among=(Precision.FP32, Precision.BF16))
         log.info("precision auto: vLLM runs %s, from forward seconds %s", chosen, table.seconds)
         return DTYPES[chosen]

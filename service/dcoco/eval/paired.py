@@ -1,7 +1,7 @@
 """A cheap, paired measure for the data-source A/B: teacher-forced acceptance on fixed greedy
 completions of the evaluation suites.
 
-    python -m dcoco.train.run_coverage --limit 8 --completions build/ab/completions.json \\
+    python -m dcoco.eval.paired --limit 8 --completions build/ab/completions.json \\
         shipped=models/smollm2/dflash argmax=build/ab/argmax/step-240/dflash
 
 The target's greedy completions of each suite's first prompts are generated once (plain
@@ -97,7 +97,7 @@ def arm_coverage(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m dcoco.train.run_coverage")
+    parser = argparse.ArgumentParser(prog="python -m dcoco.eval.paired")
     parser.add_argument("arms", nargs="+", help="NAME=drafter folder")
     parser.add_argument("--limit", type=int, default=8, help="prompts per suite")
     parser.add_argument("--max-tokens", type=int, default=128)
