@@ -13,9 +13,10 @@ import torch
 from dcoco.checkpoint import CheckpointError, load_drafter
 from dcoco.paths import DEFAULT_HELDOUT, TINY_MODELS, TINY_TARGET
 from dcoco.suites import load_suite
-from dcoco.train.data import Labels
+from dcoco.train.data import Continuations, Labels
 from dcoco.train.run import run_leg, schedule
 from dcoco.train.run_config import RunConfig
+from dcoco.train.run_data import shard_file
 from dcoco.train.run_prompts import Exclusions, interleave, math_prompts, normalise, run_prompts
 from dcoco.train.run_state import STATE_FILE, SUMMARY_FILE
 
@@ -118,6 +119,61 @@ def test_a_leg_without_a_kept_shard_ships_dflash_and_keeps_the_correctors(
     assert (models / "dflash" / "model.safetensors").read_bytes() != dflash
     for name, weights in kept.items():
         assert (models / name / "model.safetensors").read_bytes() == weights
+
+
+def test_an_adopted_shard_joins_the_run_and_its_prompts_are_not_answered_again(
+    models: Path, tmp_path: Path
+) -> None:
+    cfg = replace(toy_config(models), teacher_shards=0)
+    elsewhere = tmp_path / "elsewhere"
+    run_leg(cfg, elsewhere, hours=1.0, shards=1)
+    made = shard_file(elsewhere, 0)
+    (models / SUMMARY_FILE).unlink()  # a run that never saw it
+    work = tmp_path / "work"
+    record = run_leg(cfg, work, hours=1.0, shards=1, adopted=(made,))
+    assert record["adopted"] == [{"file": str(made), "answers": 8}]
+    position = json.loads((models / SUMMARY_FILE).read_text())["position"]
+    assert position["shards"] == 2
+    adopted, fresh = (
+        Continuations.load(shard_file(work, 0)),
+        Continuations.load(shard_file(work, 1)),
+    )
+    assert torch.equal(adopted.tokens, Continuations.load(made).tokens)
+
+    def prompts(shard: Continuations) -> set[tuple[int, ...]]:
+        return {
+            tuple(t[: int(n)].tolist())
+            for t, n in zip(shard.tokens, shard.prompt_lens, strict=True)
+        }
+
+    assert not prompts(adopted) & prompts(fresh)
+
+
+def test_a_shard_from_another_stream_or_source_is_refused(models: Path, tmp_path: Path) -> None:
+    cfg = replace(toy_config(models), teacher_shards=0)
+    teacher = replace(cfg, teacher_shards=100)
+    run_leg(teacher, tmp_path / "taught", hours=1.0, shards=1)
+    (models / SUMMARY_FILE).unlink()
+    with pytest.raises(CheckpointError, match="not a self-distilled shard"):
+        run_leg(
+            cfg,
+            tmp_path / "work",
+            hours=1.0,
+            shards=1,
+            adopted=(shard_file(tmp_path / "taught", 0),),
+        )
+    (models / SUMMARY_FILE).unlink(missing_ok=True)
+    run_leg(cfg, tmp_path / "other", hours=1.0, shards=1)
+    (models / SUMMARY_FILE).unlink()
+    other = replace(cfg, seed=1)  # another shuffle of the stream: its answers are elsewhere
+    with pytest.raises(CheckpointError, match="answer no prompt of this run's stream"):
+        run_leg(
+            other,
+            tmp_path / "work2",
+            hours=1.0,
+            shards=1,
+            adopted=(shard_file(tmp_path / "other", 0),),
+        )
 
 
 def test_a_corrupt_or_foreign_state_stops_the_run(models: Path, tmp_path: Path) -> None:

@@ -132,6 +132,7 @@ def test_a_shard_holds_prompt_and_cut_answer_and_skips_what_cannot_train() -> No
     assert (len(shard), skipped, prefiller.cursor) == (3, 2, 5)
     assert prefiller.exhausted
     assert shard.predicted is None
+    assert shard.teacher_forced
     end = tokenizer.token_id(IM_END)
     answers = {
         tokenizer.decode(row[int(p) : int(n)].tolist()): row[int(n) - 1].item()

@@ -26,6 +26,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=positive_int, help="torch threads; default 2")
     parser.add_argument(
+        "--adopt",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="SHARD",
+        help="self-distilled shard files an earlier run of the same prompt stream wrote: they "
+        "join this run as its next shards before the leg starts",
+    )
+    parser.add_argument(
         "--measure-sources",
         type=positive_float,
         metavar="SECONDS",
@@ -48,6 +57,6 @@ def run(args: argparse.Namespace) -> None:
         print(json.dumps(measure_sources(cfg, args.measure_sources), indent=2))
         return
     try:
-        run_leg(cfg, args.work, args.hours)
+        run_leg(cfg, args.work, args.hours, adopted=tuple(args.adopt))
     except (CheckpointError, OSError) as problem:
         raise UsageError(str(problem)) from None

@@ -75,6 +75,7 @@ class Continuations:
     offsets: torch.Tensor | None = None  # [S] where each row's features start
     feature_layers: tuple[int, ...] = ()  # the target layers they come from
     predicted: torch.Tensor | None = None  # [S, T] the target's argmax for each position
+    teacher_forced: bool = False  # the answers are fixed text, not the target's own
     labels: Labels = Labels.TEXT  # a training setting, not stored
 
     def save(self, path: Path) -> None:
@@ -87,6 +88,7 @@ class Continuations:
                 "offsets": self.offsets,
                 "feature_layers": list(self.feature_layers),
                 "predicted": self.predicted,
+                "teacher_forced": self.teacher_forced,
             },
             path,
         )
@@ -102,6 +104,7 @@ class Continuations:
             raw.get("offsets"),
             tuple(raw.get("feature_layers", ())),
             raw.get("predicted"),
+            bool(raw.get("teacher_forced", False)),
         )
 
     def __len__(self) -> int:
@@ -118,6 +121,7 @@ class Continuations:
             offsets,
             self.feature_layers,
             predicted,
+            self.teacher_forced,
             self.labels,
         )
 

@@ -31,6 +31,7 @@ from dcoco.train.corpus_chat import sharegpt_file
 from dcoco.train.data import Continuations
 from dcoco.train.drafter_stage import Phase, phase_step
 from dcoco.train.loop import EMA, MIN_LR_FRACTION
+from dcoco.train.run_adopt import adopt
 from dcoco.train.run_config import RunConfig
 from dcoco.train.run_correctors import (
     CORRECTOR_SHARDS,
@@ -127,9 +128,16 @@ def _trained(name: str) -> bool:
     return not name.startswith(("corrector.", "lm_head."))
 
 
-def run_leg(cfg: RunConfig, work: Path, hours: float, shards: int | None = None) -> dict[str, Any]:
+def run_leg(
+    cfg: RunConfig,
+    work: Path,
+    hours: float,
+    shards: int | None = None,
+    adopted: tuple[Path, ...] = (),
+) -> dict[str, Any]:
     """One leg of `hours`; returns the leg's record, also appended to `run.json`. With
-    `shards`, the DFlash part also ends once that many more shards are written (tests)."""
+    `shards`, the DFlash part also ends once that many more shards are written (tests);
+    `adopted` shards join the run first (`run_adopt`)."""
     torch.set_num_threads(cfg.threads)
     started, wall = datetime.now(UTC), time.perf_counter()
     deadline = wall + hours * 3600
@@ -176,6 +184,11 @@ def run_leg(cfg: RunConfig, work: Path, hours: float, shards: int | None = None)
         "from_shard": position.shards,
         "from_tokens": position.label_tokens,
     }
+    for path in adopted:
+        layers = drafter.config.target_layer_ids
+        answered = adopt(path, work, position, prompts, tokenizer, cfg, layers)
+        record.setdefault("adopted", []).append({"file": str(path), "answers": answered})
+        print(f"[run] adopted {path} as shard {position.shards - 1}", flush=True)
 
     def checkpoint() -> None:
         position.redo = sources.outstanding()

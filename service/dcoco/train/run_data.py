@@ -188,5 +188,6 @@ def concat(shards: list[Continuations], pad: int) -> Continuations:
         torch.cat(offsets),  # [S]
         shards[0].feature_layers,
         predicted,
+        any(s.teacher_forced for s in shards),
         shards[0].labels,
     )

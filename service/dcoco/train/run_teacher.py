@@ -11,6 +11,8 @@ The prompts are consumed in order from a cursor that advances only when a shard 
 a stopped leg repeats at most the shard it was building.
 """
 
+from dataclasses import replace
+
 import torch
 
 from dcoco.model.causal_lm import CausalLM
@@ -69,7 +71,7 @@ class Prefiller:
         width = self.cfg.max_prompt_tokens + self.cfg.max_new_tokens
         shard = pack(self.done, width, self.pad, self.feature_layers)
         skipped, self.skipped, self.done = self.skipped, 0, []
-        return shard, skipped
+        return replace(shard, teacher_forced=True), skipped
 
     @property
     def pad(self) -> int:
