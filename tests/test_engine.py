@@ -84,17 +84,18 @@ def test_a_seeded_request_replays_whatever_shares_its_batch(pair: Pair) -> None:
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
 def test_seeded_sampled_output_does_not_depend_on_the_speculation(pair: Pair, top_p: float) -> None:
     """Uniforms keyed by output position and the sample-then-match rule: a seeded request's
-    tokens are the same plain, with DFlash, with DCOCO, and with adaptive verification (which
+    tokens are the same plain, with n-gram, DFlash, DCOCO, and with adaptive verification (which
     verifies prefixes of different lengths), alone or in a batch."""
     seeded = SamplingParams(max_tokens=40, temperature=0.3, top_p=top_p, seed=11)
     plain, _ = engine(pair, Mode.VANILLA, batch=1).generate([PROMPTS[1]], seeded)
     runs = {
         "dflash": engine(pair, Mode.DFLASH, batch=1),
         "dcoco": engine(pair, Mode.DCOCO, batch=1),
+        "ngram": engine(pair, Mode.NGRAM, batch=6),
         "adaptive": engine(pair, Mode.DCOCO, batch=6, adaptive=True),
     }
     for name, eng in runs.items():
-        batch = PROMPTS if name == "adaptive" else [PROMPTS[1]]
+        batch = PROMPTS if name in ("ngram", "adaptive") else [PROMPTS[1]]
         completions, cycles = eng.generate(batch, seeded)
         assert completions[batch.index(PROMPTS[1])].token_ids == plain[0].token_ids, name
         assert sum(c.accepted_tokens for c in cycles) > 0, name  # drafts were really accepted
@@ -271,10 +272,10 @@ def test_long_prompts_join_in_chunks_while_others_decode(pair: Pair, mode: Mode)
 
 
 def test_each_request_speculates_as_it_asked_inside_one_batch(pair: Pair) -> None:
-    """off, dflash and dcoco side by side in one DCOCO engine: every output is the target's
-    own (fp32), and each token's provenance adds up to the request's usage."""
+    """off, ngram, dflash and dcoco side by side in one DCOCO engine: every output is the
+    target's own (fp32), and each token's provenance adds up to the request's usage."""
     eng = engine(pair, Mode.DCOCO, batch=6)
-    asked = [None, Mode.VANILLA, Mode.DFLASH, Mode.DCOCO, Mode.VANILLA, Mode.DCOCO]
+    asked = [None, Mode.VANILLA, Mode.DFLASH, Mode.DCOCO, Mode.NGRAM, Mode.DCOCO]
     sources: dict[str, list[str]] = {}
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(PROMPTS))}
     rejected: dict[str, int] = {}
@@ -292,7 +293,7 @@ def test_each_request_speculates_as_it_asked_inside_one_batch(pair: Pair) -> Non
             tokens[out.request_id] += out.new_token_ids
             rejected[out.request_id] += len(out.rejected)
             stats[out.request_id] = out.stats
-    assert methods == {"off", "dflash", "dcoco"}
+    assert methods == {"off", "ngram", "dflash", "dcoco"}
     for i, (prompt, mode) in enumerate(zip(PROMPTS, asked, strict=True)):
         name, s = f"r{i}", stats[f"r{i}"]
         drafted = sources[name].count("drafted") + sources[name].count("corrected")
@@ -302,14 +303,33 @@ def test_each_request_speculates_as_it_asked_inside_one_batch(pair: Pair) -> Non
         if mode is Mode.VANILLA:
             assert set(sources[name]) == {"target"}
             assert s.draft_tokens == 0
-        if mode is Mode.DFLASH:
+        if mode in (Mode.DFLASH, Mode.NGRAM):
             assert "corrected" not in sources[name]
         assert tokens[name] == greedy_reference(pair[0], prompt, 30), name
-    assert all("drafted" in sources[f"r{i}"] for i in (0, 2, 3, 5))
+    assert all("drafted" in sources[f"r{i}"] for i in (0, 2, 3, 4, 5))
 
 
 def test_an_engine_refuses_speculation_it_cannot_run(pair: Pair) -> None:
     eng = engine(pair, Mode.DFLASH)
     eng.add_request("fine", [1, 2], SamplingParams(speculation=Mode.VANILLA))
+    eng.add_request("lookup", [1, 2], SamplingParams(speculation=Mode.NGRAM))
     with pytest.raises(ValueError, match="speculation 'dcoco' is not available"):
         eng.add_request("no", [1, 2], SamplingParams(speculation=Mode.DCOCO))
+    plain = engine(pair, Mode.VANILLA)
+    with pytest.raises(ValueError, match="speculation 'ngram' is not available"):
+        plain.add_request("no", [1, 2], SamplingParams(speculation=Mode.NGRAM))
+
+
+def test_ngram_drafting_needs_no_drafter_and_is_lossless(pair: Pair) -> None:
+    """Prompt lookup drafts from the sequence itself: the tokens are the target's, some
+    drafts are accepted, and a cycle with nothing found is a plain step (no draft counted)."""
+    target, _ = pair
+    eng = Engine(target, None, EngineConfig(mode=Mode.NGRAM, max_batch_size=4, max_model_len=96))
+    assert eng.block == 5
+    completions, cycles = eng.generate(PROMPTS, SamplingParams(max_tokens=40))
+    for completion, prompt in zip(completions, PROMPTS, strict=True):
+        assert completion.token_ids == greedy_reference(target, prompt, 40)
+    assert {c.method for c in cycles} == {"ngram"}
+    assert sum(c.accepted_tokens for c in cycles) > 20
+    assert any(n == 6 for c in cycles for n in c.accepted_lengths)  # a whole block of 5
+    assert any(c.draft_tokens < 5 * c.verifications for c in cycles)  # short or no lookups

@@ -11,7 +11,6 @@ from dcoco.engine.load import load_engine
 from dcoco.engine.outputs import Completion
 from dcoco.settings import EngineSettings, settings_from
 from dcoco.shared.errors import UsageError
-from dcoco.shared.options import Mode
 from dcoco.shared.prompt_files import read_prompts
 from dcoco.shared.sampling import SamplingParams
 from dcoco.tokenizer import Tokenizer, TokenizerError
@@ -39,7 +38,7 @@ def run_generate(args: argparse.Namespace) -> None:
 
 def build_engine(args: argparse.Namespace, tokenizer: Tokenizer) -> Engine:
     settings = settings_from(EngineSettings, args)
-    if settings.mode is not Mode.VANILLA and args.drafter is None:
+    if settings.mode.needs_drafter and args.drafter is None:
         raise UsageError(f"--mode {settings.mode} needs --drafter")
     cfg = settings.engine_config(tokenizer.eos_token_ids)
     engine = load_engine(Path(args.target), Path(args.drafter) if args.drafter else None, cfg)

@@ -108,7 +108,7 @@ class EngineSettings(BaseSettings):
     mode: Mode = Field(
         Mode.DCOCO,
         description="what a request that names no speculation gets; a request may "
-        "name any mode that drafts no more (vanilla < dflash < dcoco)",
+        "name any mode that needs no more (vanilla < ngram < dflash < dcoco)",
     )
     rule: Rule = Rule.PREFIX
     gamma: float = Field(0.5, gt=0.0, le=1.0)  # the discounted rule's decay per slot

@@ -96,6 +96,7 @@ class Row:
 
 VARIANTS = (  # name, mode, drafter folder, adaptive
     ("vanilla", Mode.VANILLA, None, False),
+    ("ngram", Mode.NGRAM, None, False),
     ("dflash", Mode.DFLASH, "dflash", False),
     ("dcoco", Mode.DCOCO, "dcoco", False),
     ("dcoco-adaptive", Mode.DCOCO, "dcoco", True),

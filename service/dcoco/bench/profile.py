@@ -127,7 +127,7 @@ def group_of(name: str) -> str:
 
 def engine_for(precision: Precision, mode: Mode, batch: int) -> Engine:
     target = load_target(SMOLLM2_MODELS / "target")
-    drafter = load_drafter(SMOLLM2_MODELS / "dcoco") if mode is not Mode.VANILLA else None
+    drafter = load_drafter(SMOLLM2_MODELS / "dcoco") if mode.needs_drafter else None
     cfg = EngineConfig(mode=mode, max_batch_size=batch, max_model_len=1024, precision=precision)
     engine = Engine(target, drafter, cfg)
     params = SamplingParams(max_tokens=100_000, ignore_eos=True)

@@ -30,6 +30,7 @@ STOP_TIMEOUT_S = 40.0  # `dcoco serve` drains its worker, then stops Redis
 MODEL_NAME = "bench"
 VARIANTS: dict[str, dict[str, str]] = {  # {models}: the --models folder
     "vanilla": {"DCOCO_MODE": "vanilla"},
+    "ngram": {"DCOCO_MODE": "ngram", "DCOCO_ADAPTIVE": "false"},
     "dflash": {
         "DCOCO_MODE": "dflash",
         "DCOCO_DRAFTER": "{models}/dflash",

@@ -23,10 +23,10 @@ SUITES = (
     "gpqa",
     "mtbench2",
 )
-SPECULATION = ("off", "dflash", "dcoco")  # a request's speculation (dcoco.queue.protocol)
+SPECULATION = ("off", "ngram", "dflash", "dcoco")  # a request's speculation (dcoco.queue.protocol)
 MODES = ("greedy", "t1")
 THINKING = ("default", "on", "off", "both")
-VARIANTS = ("vanilla", "dflash", "dcoco", "dcoco-adaptive")
+VARIANTS = ("vanilla", "ngram", "dflash", "dcoco", "dcoco-adaptive")
 
 
 def listed(kind: Callable[[str], T], choices: tuple[str, ...] = ()) -> Callable[[str], list[T]]:

@@ -11,6 +11,7 @@ from dcoco.shared.options import DEFAULT_PRECISION, PRECISION_HELP, Precision
 SUITES = ("code", "math", "prose", "humaneval", "gsm8k", "mtbench")
 VARIANTS = (
     "vanilla",
+    "ngram",
     "dflash",
     "dcoco-prefix",
     "dcoco-adaptive",

@@ -3,15 +3,19 @@
 from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
+from dcoco.spec import ngram
 from dcoco.spec.drafter import DFlashDrafter
 
 
 def check_models(
     target: CausalLM, drafter: DFlashDrafter | None, cfg: EngineConfig
 ) -> tuple[int, int]:
-    """Validates the pairing; returns (B, K) for this engine, B = 0 in vanilla mode."""
+    """Validates the pairing; returns (B, K) for this engine, B = 0 in vanilla mode and K = 0
+    without a drafter."""
     if cfg.mode is Mode.VANILLA:
         return 0, 0
+    if cfg.mode is Mode.NGRAM:
+        return cfg.num_speculative_tokens or ngram.TOKENS, 0
     if drafter is None:
         raise ValueError(f"mode {cfg.mode} needs a drafter")
     d, t = drafter.config, target.config

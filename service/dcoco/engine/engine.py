@@ -25,6 +25,7 @@ from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams
 from dcoco.shared.stats import CycleStats, SpecStats
 from dcoco.spec.drafter import DFlashDrafter
+from dcoco.spec.ngram import lookup
 from dcoco.spec.planner import VerifyPlanner
 from dcoco.spec.verify import sample, target_probs, verify
 
@@ -91,13 +92,13 @@ class Engine:
 
     def _mode(self, asked: Mode | None) -> Mode:
         """A request's speculation: its own when this engine can run it, else the engine's.
-        A DCOCO engine runs all three; a DFlash one DFlash and none; a vanilla one none."""
+        An engine runs its own mode and those that need less (`Mode.runnable`)."""
         mode = asked or self.cfg.mode
-        rank = {Mode.VANILLA: 0, Mode.DFLASH: 1, Mode.DCOCO: 2}
-        if rank[mode] > rank[self.cfg.mode]:
+        if mode not in self.cfg.mode.runnable():
             raise ValueError(
                 f"speculation {mode.speculation!r} is not available: this engine runs "
-                f"{self.cfg.mode.speculation!r} (it can also run what drafts less)"
+                f"{self.cfg.mode.speculation!r} (it can also run what needs less: "
+                f"{', '.join(m.speculation for m in self.cfg.mode.runnable())})"
             )
         return mode
 
@@ -209,21 +210,38 @@ class Engine:
         return context.features[row, :count].clone()  # [count, F]
 
     def _speculate(self, seqs: list[Sequence], result: StepResult) -> list[CycleStats]:
-        """Draft for the sequences that speculate, correct for those that asked for DCOCO, then
-        verify every sequence: one that asked for none verifies only its own next token."""
+        """Draft for the sequences that speculate (the drafter for DFlash and DCOCO, which the
+        corrector then re-selects; prompt lookup for n-gram), then verify every sequence: one
+        that drafted nothing verifies only its own next token."""
         speculating = [row for row, s in enumerate(seqs) if s.mode is not Mode.VANILLA]
         k = self._plan(seqs) if speculating else 0
+        drafting = [row for row in speculating if seqs[row].mode.needs_drafter]
+        looked_up = {
+            row: lookup(seqs[row].prompt_ids + seqs[row].output_ids, k)
+            for row in speculating
+            if seqs[row].mode is Mode.NGRAM
+        }
+        if not drafting:  # verify no wider than the longest lookup
+            k = max((len(found) for found in looked_up.values()), default=0)
         if k == 0:
             cycles = self._decode(seqs, result)
             self._observe(seqs, 0, [], 0.0, sum(c.seconds["total"] for c in cycles[:1]))
             return cycles
         t0 = time.perf_counter()
-        drafting = [seqs[row] for row in speculating]
-        draft = self.runner.draft(drafting)
+        proposed: list[list[int]] = [looked_up.get(row, []) for row in range(len(seqs))]
+        chosen: list[list[int]] = [[0] * len(found) for found in proposed]  # candidate per slot
+        if drafting:
+            draft = self.runner.draft([seqs[row] for row in drafting])
         t1 = time.perf_counter()
-        selection = self.runner.correct(draft, [s.mode is Mode.DCOCO for s in drafting])
+        if drafting:
+            selection = self.runner.correct(draft, [seqs[r].mode is Mode.DCOCO for r in drafting])
+            tokens, index = selection.tokens[:, :k].tolist(), selection.index[:, :k].tolist()
+            for i, row in enumerate(drafting):
+                proposed[row], chosen[row] = tokens[i], index[i]
         t2 = time.perf_counter()
-        drafted = self._drafts(seqs, speculating, selection.tokens[:, :k])  # [N, k]
+        drafted = torch.tensor(
+            [p + [s.last_token] * (k - len(p)) for s, p in zip(seqs, proposed, strict=True)]
+        )  # [N, k]: short drafts padded with the pending token, cut off below
         logits, context = self.runner.verify(seqs, drafted)  # [N, k+1, V]
         temperature, top_p = self._params(seqs)
         uniforms = self._uniforms(seqs, k + 1)  # [N, k+1] or None
@@ -234,30 +252,17 @@ class Engine:
         book = CycleBook(
             {"draft": t1 - t0 + t4 - t3, "correct": t2 - t1, "verify": t3 - t2, "total": t4 - t0}
         )
-        draft_of = dict(zip(speculating, range(len(speculating)), strict=True))  # row -> its draft
-        index = selection.index[:, :k].tolist()  # [D, k]
-        accepted = verdict.accepted.tolist()  # [N]
-        rows = zip(seqs, accepted, drafted.tolist(), verdict.tokens.tolist(), strict=True)
-        for row, (seq, held, mine, tokens) in enumerate(rows):
-            if row not in draft_of:
-                held = 0  # it drafted nothing: its next token is the target's alone
-            chosen = index[draft_of[row]] if row in draft_of else []
+        # A padded slot the target happens to accept is cut: the token after the real draft is
+        # then the target's own (accepted or resampled, it follows the target's distribution).
+        accepted = [
+            min(held, len(p)) for held, p in zip(verdict.accepted.tolist(), proposed, strict=True)
+        ]  # [N]
+        rows = zip(seqs, accepted, proposed, chosen, verdict.tokens.tolist(), strict=True)
+        for seq, held, mine, index, tokens in rows:
             seq.num_cached += held + 1
-            self._cycle_row(seq, book, result, held, len(chosen), chosen, mine, tokens)
+            self._cycle_row(seq, book, result, held, index, mine, tokens)
         self._observe(seqs, k, [accepted[row] for row in speculating], t2 - t0 + t4 - t3, t3 - t2)
         return book.cycles()
-
-    def _drafts(
-        self, seqs: list[Sequence], speculating: list[int], tokens: torch.Tensor
-    ) -> torch.Tensor:
-        """tokens [D, k] drafted for the speculating rows -> [N, k] for every row; the others
-        repeat their last token, which the verdict then ignores."""
-        if len(speculating) == len(seqs):
-            return tokens  # [N, k]
-        filler = torch.tensor([s.last_token for s in seqs]).unsqueeze(1)  # [N, 1]
-        drafted = filler.expand(-1, tokens.shape[1]).clone()  # [N, k]
-        drafted[torch.tensor(speculating)] = tokens  # [D, k]
-        return drafted
 
     def _cycle_row(
         self,
@@ -265,13 +270,13 @@ class Engine:
         book: CycleBook,
         result: StepResult,
         held: int,
-        k: int,
         chosen: list[int],
         drafted: list[int],
         tokens: list[int],
     ) -> None:
         """One sequence's part of a cycle: `held` of its k drafted tokens accepted (`chosen`:
         their candidate index per slot), then the target's token (`tokens[held]`)."""
+        k = len(drafted)
         overridden = [i != 0 for i in chosen]  # [k] re-selected by the corrector
         verdict_row = SpecStats(
             verifications=1,

@@ -32,6 +32,8 @@ class Variant:
 
 VARIANTS = (
     Variant("vanilla", Mode.VANILLA, None),
+    # Prompt lookup: the zero-training baseline (vLLM's ngram method), B = 5.
+    Variant("ngram", Mode.NGRAM, None),
     Variant("dflash", Mode.DFLASH, "dflash"),
     Variant("dcoco-prefix", Mode.DCOCO, "dcoco"),
     Variant("dcoco-adaptive", Mode.DCOCO, "dcoco", adaptive=True),

@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, GetJsonSchemaHandler, NonNega
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import core_schema
 
+from dcoco.queue.protocol import Speculation
+
 Finish = Literal["stop", "length"] | None
 Source = Literal["drafted", "corrected", "target"]
 
@@ -216,10 +218,10 @@ class ModelEntry(BaseModel):
     owned_by: str = "dcoco"
     max_model_len: NonNegativeInt
     engine: str | None = Field(description="The workers' engine: torch, vllm (null: not said).")
-    speculation: list[Literal["off", "dflash", "dcoco"]] = Field(
+    speculation: list[Speculation] = Field(
         description="The values a request's `speculation` may take (empty: not said)."
     )
-    default_speculation: Literal["off", "dflash", "dcoco"] | None = Field(
+    default_speculation: Speculation | None = Field(
         description="What a request without `speculation` gets."
     )
     provenance: bool | None = Field(

@@ -122,7 +122,8 @@ class Sampling(Strict):
     speculation: Speculation | None = Field(
         None,
         description="This server's own: the request's speculative decoding. off: the target "
-        "alone, one token per step; dflash: the DFlash drafter's top-1 block; dcoco: the "
+        "alone, one token per step; ngram: prompt lookup, the request's own earlier tokens "
+        "that followed its last few; dflash: the DFlash drafter's top-1 block; dcoco: the "
         "drafter's top-K per slot, re-selected by the DCOCO corrector. Null: the model's "
         "default. A model whose workers cannot run the value answers 400 (see /v1/models).",
     )

@@ -9,7 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Speculation = Literal["off", "dflash", "dcoco"]  # what a request may ask for; Mode.speculation
+# What a request may ask for: `Mode.speculation`.
+Speculation = Literal["off", "ngram", "dflash", "dcoco"]
 
 
 class Frozen(BaseModel):

@@ -4,14 +4,27 @@ from enum import StrEnum
 
 
 class Mode(StrEnum):
+    """Ordered by what an engine needs: each mode's engine also runs the modes before it."""
+
     VANILLA = "vanilla"  # target only, one token per step
+    NGRAM = "ngram"  # prompt lookup: the sequence's own earlier tokens (no drafter, no training)
     DFLASH = "dflash"  # the drafter's top-1 at every slot
     DCOCO = "dcoco"  # top-K per slot, corrector scores, a selection rule picks the draft
 
     @property
     def speculation(self) -> str:
-        """The name requests and metrics use: off, dflash or dcoco."""
+        """The name requests and metrics use: off, ngram, dflash or dcoco."""
         return "off" if self is Mode.VANILLA else self.value
+
+    @property
+    def needs_drafter(self) -> bool:
+        return self in (Mode.DFLASH, Mode.DCOCO)
+
+    def runnable(self) -> tuple["Mode", ...]:
+        """What an engine in this mode runs per request: itself and every mode before it (a
+        DCOCO engine all four)."""
+        modes = tuple(Mode)
+        return modes[: modes.index(self) + 1]
 
     @classmethod
     def of_speculation(cls, name: str) -> "Mode":

@@ -59,4 +59,4 @@ class SpecStats:
 @dataclass
 class CycleStats(SpecStats):
     accepted_lengths: list[int] = field(default_factory=list)  # per verification, bonus included
-    method: str = ""  # the speculation of the sequences counted ("off", "dflash", "dcoco")
+    method: str = ""  # the speculation of the sequences counted ("off", "ngram", "dflash", "dcoco")

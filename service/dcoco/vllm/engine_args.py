@@ -80,6 +80,10 @@ def prepare_drafter(settings: WorkerSettings, scratch: Path) -> tuple[Path, int]
     """The drafter folder vLLM loads and B; None in vanilla mode."""
     if settings.mode is Mode.VANILLA:
         return None
+    if settings.mode is Mode.NGRAM:
+        raise ValueError(
+            "DCOCO_MODE ngram is the torch engine's; the vllm engine runs dflash or dcoco"
+        )
     if settings.drafter is None:
         raise ValueError(f"mode {settings.mode} needs a drafter folder (DCOCO_DRAFTER)")
     raw = check_drafter(settings.drafter)

@@ -93,15 +93,14 @@ def model_card(
 
 def runnable_speculation(settings: WorkerSettings) -> tuple[Speculation, ...]:
     """What a request may ask of this worker: the torch engine runs its mode and every mode
-    that drafts less, per request (a DCOCO engine all three); vLLM drafts one way for every
-    request; the instant fixture runs no model and takes any."""
-    order = (Mode.VANILLA, Mode.DFLASH, Mode.DCOCO)
+    that needs less, per request (`Mode.runnable`: a DCOCO engine all four); vLLM drafts one
+    way for every request; the instant fixture runs no model and takes any."""
     if settings.engine == "vllm":
         modes: tuple[Mode, ...] = (settings.mode,)
     elif settings.engine == "instant":
-        modes = order
+        modes = tuple(Mode)
     else:
-        modes = order[: order.index(settings.mode) + 1]
+        modes = settings.mode.runnable()
     return tuple(cast(Speculation, m.speculation) for m in modes)
 
 
