@@ -30,19 +30,20 @@ class RunConfig:
     test_percent: float = 3.0  # the corpus stage's held-out share: the same split
     # Generation: the target's own greedy answers in the precision it serves in, with its
     # features at the drafter's layers. At batch 128 a bf16 decode step is compute-bound and
-    # produces labels at about 60% of a teacher-forced prefill's rate (docs/smollm2-model.md).
+    # produces labels at 40% of a teacher-forced prefill's rate (docs/smollm2-model.md).
     batch_size: int = 128
     max_prompt_tokens: int = 512  # chat histories run long; longer ones are skipped
     max_new_tokens: int = 256  # also where a teacher-forced answer is cut
     precision: str = "bf16"
     # Teacher forcing (`run_teacher`): the target's prefill over each prompt and the text's own
     # answer. The first `teacher_shards` shards are teacher-forced, the rest self-distilled.
-    # Teacher forcing makes 190 argmax-labelled tokens a CPU-second here, self-distillation
-    # about a tenth of that (docs/smollm2-model.md), so the run is teacher-forced throughout;
-    # a later run may end on self-distilled shards by setting a count.
-    teacher_shards: int = 1_000_000
+    # Teacher forcing makes 2.5 times the label tokens a second, but a 2-hour leg of it (1.24M
+    # argmax-labelled tokens, continuing the shipped drafter) made the drafter worse: its
+    # teacher-forced accepted length fell from 1.60 to 1.42 (docs/smollm2-model.md). The run
+    # self-distils throughout.
+    teacher_shards: int = 0
     # The target's argmax after the text's prefix: at slot 1 exactly the label the verifier
-    # checks, where the text's own tokens are not (docs/ablations.md has the A/B).
+    # checks, where the text's own tokens are not.
     teacher_labels: Labels = Labels.ARGMAX
     prefill_tokens: int = 4_096  # padded tokens per prefill pass
     shard_sequences: int = 256  # answers per shard file (about 0.2-0.4 GB with features)
