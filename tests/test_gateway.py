@@ -44,6 +44,11 @@ def published(redis_server: RedisServer, tokenizer_dir: Path) -> None:
 
 
 def publish(redis_server: RedisServer, tokenizer_dir: Path) -> None:
+    asyncio.run(register(redis_server, tokenizer_dir))
+
+
+async def register(redis_server: RedisServer, tokenizer_dir: Path) -> None:
+    """Publishes model "m" as its worker does."""
     tokenizer = Tokenizer.from_dir(tokenizer_dir)
     card = ModelCard(
         name="m",
@@ -52,15 +57,11 @@ def publish(redis_server: RedisServer, tokenizer_dir: Path) -> None:
         chat_template=tokenizer.chat_template,
         created=0,
     )
-
-    async def register() -> None:
-        client = connect(redis_server.url)
-        await WorkerQueue(client, client, "m", "nobody", 10).register(
-            card, (tokenizer_dir / "tokenizer.json").read_text()
-        )
-        await client.aclose()
-
-    asyncio.run(register())
+    client = connect(redis_server.url)
+    await WorkerQueue(client, client, "m", "nobody", 10).register(
+        card, (tokenizer_dir / "tokenizer.json").read_text()
+    )
+    await client.aclose()
 
 
 def gateway(redis_server: RedisServer, **overrides: object) -> httpx.AsyncClient:
@@ -474,3 +475,19 @@ def test_the_openapi_schema_says_which_parameters_need_another(
         assert not validator.is_valid(body | {"rejected_drafts": True} | stream)
         assert validator.is_valid(body | {"speculation": "off"})
         assert not validator.is_valid(body | {"speculation": "eagle"})
+
+
+async def test_a_model_published_just_after_the_gateway_looked_is_found(
+    redis_server: RedisServer, tokenizer_dir: Path
+) -> None:
+    """The first request after a model's first worker registered is queued, not a 404, even
+    when the gateway read the cards a moment before the card was written (scale from zero)."""
+    redis_server.client().flushall()
+    async with gateway(redis_server, queue_timeout_s=QUEUE_TIMEOUT_S) as client:
+        assert (await client.get("/v1/models")).json()["data"] == []  # the cards, read now
+        await register(redis_server, tokenizer_dir)
+        reply = await client.post("/v1/chat/completions", json=CHAT)
+        assert reply.status_code == 504  # queued: no worker took it within the queue timeout
+        assert reply.json()["error"]["code"] == "queue_timeout"
+        unknown = await client.post("/v1/chat/completions", json=CHAT | {"model": "never-seen"})
+        assert unknown.status_code == 404

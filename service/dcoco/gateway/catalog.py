@@ -46,9 +46,10 @@ class Catalog:
         return sorted(self.cards.values(), key=lambda c: c.name)
 
     async def get(self, name: str) -> ServedModel:
+        arrived = time.monotonic()
         await self._refresh()
         if name not in self.cards:  # perhaps published since the last refresh: look again
-            await self._refresh(MISS_REFRESH_S)
+            await self._refresh_since(arrived)
         card = self.cards.get(name)
         if card is None:
             if time.monotonic() - self.seen.get(name, float("-inf")) < RECENT_S:
@@ -64,12 +65,27 @@ class Catalog:
             self.tokenizers[card.tokenizer_sha] = loaded
         return ServedModel(card, *loaded)
 
-    async def _refresh(self, max_age_s: float | None = None) -> None:
-        max_age = self.refresh_s if max_age_s is None else max_age_s
-        if time.monotonic() - self.fetched < max_age:
+    async def _refresh(self) -> None:
+        if time.monotonic() - self.fetched < self.refresh_s:
             return
         async with self.lock:
-            if time.monotonic() - self.fetched >= max_age:
-                self.cards = await self.queue.cards()
-                self.fetched = time.monotonic()
-                self.seen |= dict.fromkeys(self.cards, self.fetched)
+            if time.monotonic() - self.fetched >= self.refresh_s:
+                await self._fetch()
+
+    async def _refresh_since(self, moment: float) -> None:
+        """Cards read after `moment`, the arrival of a request for an unknown name. Misses
+        read Redis at most every MISS_REFRESH_S: a miss waits out that interval rather than
+        answer 404 from cards read before the model's first worker registered."""
+        async with self.lock:
+            if self.fetched >= moment:
+                return
+            await asyncio.sleep(self.fetched + MISS_REFRESH_S - time.monotonic())
+            await self._fetch()
+
+    async def _fetch(self) -> None:
+        """Reads every card; `fetched` is when the read began, so that a card written during
+        the read does not count as looked for."""
+        began = time.monotonic()
+        self.cards = await self.queue.cards()
+        self.fetched = began
+        self.seen |= dict.fromkeys(self.cards, began)
