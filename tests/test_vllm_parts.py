@@ -284,6 +284,8 @@ def test_the_drafter_vllm_loads_follows_the_settings(
         return WorkerSettings(target=folders["target"], drafter=folders["dcoco"], **kw)  # type: ignore[arg-type]
 
     assert prepare_drafter(settings(mode=Mode.VANILLA), tmp_path) is None
+    with pytest.raises(ValueError, match="ngram is the torch engine's"):
+        prepare_drafter(settings(mode=Mode.NGRAM), tmp_path)
     assert prepare_drafter(settings(), tmp_path) == (folders["dcoco"], 4)
     assert prepare_drafter(settings(num_speculative_tokens=3), tmp_path) == (folders["dcoco"], 3)
     folder, _ = prepare_drafter(settings(mode=Mode.DFLASH), tmp_path) or (Path(), 0)
