@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 
@@ -6,7 +8,7 @@ from dcoco.eval.coverage import Coverage, measure_coverage
 from dcoco.eval.runner import Measurement, compare_to_vanilla
 from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
-from dcoco.shared.options import Mode
+from dcoco.shared.options import Mode, Rule
 from dcoco.shared.sampling import SamplingParams
 from dcoco.spec.drafter import DFlashDrafter
 
@@ -48,12 +50,58 @@ def test_candidates_over_the_whole_vocabulary_always_cover(
     assert summary["teacher_forced_accepted_length_oracle"] == pair[1].config.block_size + 1
 
 
+def test_a_walk_accepts_what_the_engine_s_first_cycle_accepts(
+    pair: Pair, sequences: list[tuple[list[int], list[int]]]
+) -> None:
+    """Cut to B + 1 tokens, a completion holds one fully labelled block, drafted where the
+    engine's first cycle drafts: each walk's teacher-forced count is that cycle's."""
+    target, drafter = pair
+    assert drafter.corrector is not None
+    block, k = drafter.config.block_size, drafter.corrector.config.top_k
+    for rule in Rule:
+        cfg = EngineConfig(mode=Mode.DCOCO, max_model_len=64, rule=rule)
+        engine = Engine(target, drafter, cfg)
+        for prompt, completion in sequences:
+            _, cycles = engine.generate([prompt], SamplingParams(max_tokens=30))
+            cut = [(prompt, completion[: block + 1])]
+            cov = measure_coverage(target, drafter, cut, k, (rule,))
+            assert cov.blocks == 1
+            assert cov.walk_accepted == {rule.value: cycles[0].accepted_tokens}
+
+
+def test_an_untrained_corrector_walks_the_top_1_draft(
+    pair: Pair, sequences: list[tuple[list[int], list[int]]]
+) -> None:
+    target, drafter = pair
+    untrained = copy.deepcopy(drafter)
+    assert untrained.corrector is not None
+    torch.nn.init.zeros_(untrained.corrector.delta_out.weight)
+    summary = measure_coverage(target, untrained, sequences, 4, tuple(Rule)).summary()
+    for rule in Rule:
+        walk = summary[f"teacher_forced_accepted_length_{rule.value}"]
+        assert walk == summary["teacher_forced_accepted_length_top1"]
+    trained = measure_coverage(target, drafter, sequences, 4, (Rule.PREFIX,)).summary()
+    assert (
+        trained["teacher_forced_accepted_length_prefix"]
+        != trained["teacher_forced_accepted_length_top1"]
+    )  # the random corrector does re-select
+
+
+def test_walks_need_a_corrector(pair: Pair, sequences: list[tuple[list[int], list[int]]]) -> None:
+    target, drafter = pair
+    plain = copy.deepcopy(drafter)
+    plain.corrector = None
+    with pytest.raises(ValueError, match="walk rules need a drafter with a corrector"):
+        measure_coverage(target, plain, sequences, 4, (Rule.PREFIX,))
+
+
 def test_coverage_counts_what_it_is_given() -> None:
     cov = Coverage.empty(block=3, top_k=2)
     top1 = torch.tensor([[True, False, True], [True, True, False]])  # [A, B]
     topk = torch.tensor([[True, True, True], [True, True, False]])
     valid = torch.tensor([[True, True, True], [True, True, False]])
-    cov.add(top1, topk, valid)
+    walk = torch.tensor([[True, True, False], [True, True, True]])
+    cov.add(top1, topk, valid, {"prefix": walk})
     assert cov.slots == [2, 2, 1]
     assert cov.top1 == [2, 1, 1]
     assert cov.topk == [2, 2, 1]
@@ -61,9 +109,11 @@ def test_coverage_counts_what_it_is_given() -> None:
     assert cov.blocks == 1  # only the first block has every slot labelled
     assert cov.top1_accepted == 1  # its top-1 draft is right at slot 0 only
     assert cov.oracle_accepted == 3
+    assert cov.walk_accepted == {"prefix": 2}
     summary = cov.summary()
     assert summary["topk_given_top1_wrong"] == 1.0
     assert summary["teacher_forced_accepted_length_oracle"] == 4.0
+    assert summary["teacher_forced_accepted_length_prefix"] == 3.0
 
 
 def measurement(variant: str, setting: str, tokens: int, ids: list[list[int]]) -> Measurement:

@@ -6,7 +6,8 @@ import pytest
 from dcoco.checkpoint import load_drafter, load_target
 from dcoco.eval.coverage import measure_coverage
 from dcoco.eval.paired import arm_coverage, completions
-from dcoco.paths import TINY_DFLASH, TINY_HELDOUT, TINY_TARGET
+from dcoco.paths import TINY_DCOCO, TINY_DFLASH, TINY_HELDOUT, TINY_TARGET
+from dcoco.shared.options import Rule
 from dcoco.train.run_ab import summary
 
 pytestmark = pytest.mark.slow
@@ -28,6 +29,12 @@ def test_teacher_forced_figures_match_the_evaluations_coverage() -> None:
     assert len(figures["top1_by_depth"]) == block
     assert 1.0 <= figures["mean_accepted_length"] <= figures["oracle_walk"] <= block + 1
     assert figures["top1_slot1"] <= figures["topk_slot1"]
+    assert figures["walk_accepted_length"] == {}  # no corrector
+    dcoco = arm_coverage(TINY_TARGET, TINY_DCOCO, pairs, 16, tuple(Rule))
+    assert set(dcoco["walk_accepted_length"]) == {r.value for r in Rule}
+    for rule, walk in dcoco["walk_accepted_length"].items():
+        assert set(walk) == set(pairs)
+        assert 1.0 <= dcoco["mean_walk_accepted_length"][rule] <= dcoco["oracle_walk"]
 
 
 def test_an_arms_summary_reads_the_eval_results() -> None:

@@ -22,7 +22,7 @@ from dcoco.paths import REPO_ROOT
 from dcoco.precision import WIDTHS, cost_table
 from dcoco.shared.engine_config import DEFAULT_CACHE_DIR
 from dcoco.shared.errors import UsageError
-from dcoco.shared.options import Precision
+from dcoco.shared.options import Precision, Rule
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.suites import Suite, file_suite, load_suite
 from dcoco.tokenizer import Tokenizer, TokenizerError, chat_prompt
@@ -113,8 +113,10 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], list[Measurement
         coverage[name] = {}
         for suite_name, run in greedy.items():
             pairs = list(zip(prompts[suite_name], run.token_ids, strict=True))
+            drafter = models.drafters[name]
+            rules = (Rule.PREFIX,) if drafter.corrector is not None else ()
             coverage[name][suite_name] = measure_coverage(
-                models.target, models.drafters[name], pairs, k
+                models.target, drafter, pairs, k, rules
             ).summary()
     command = (
         "dcoco eval " + shlex.join(sys.argv[2:]) if sys.argv[1:2] == ["eval"] else "dcoco eval"

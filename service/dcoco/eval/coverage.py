@@ -9,13 +9,14 @@ blocks come two accepted lengths: the top-1 draft's, and an oracle walk's that t
 true token whenever it is among the top K, the ceiling for any re-selection.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from dcoco.model.causal_lm import CausalLM
+from dcoco.shared.options import Rule
 from dcoco.spec.drafter import DFlashDrafter, teacher_forced_blocks
-from dcoco.spec.select import Candidates
+from dcoco.spec.select import Candidates, select
 
 
 @dataclass
@@ -28,13 +29,21 @@ class Coverage:
     blocks: int = 0  # blocks with all B slots labelled, for the accepted lengths
     top1_accepted: int = 0  # sum over those blocks of the top-1 draft's accepted prefix
     oracle_accepted: int = 0  # the same for the oracle walk
+    walk_accepted: dict[str, int] = field(default_factory=dict)  # the same per rule's walk
 
     @classmethod
     def empty(cls, block: int, top_k: int) -> "Coverage":
         return cls(top_k, [0] * block, [0] * block, [0] * block, [0] * block)
 
-    def add(self, top1_hit: torch.Tensor, topk_hit: torch.Tensor, valid: torch.Tensor) -> None:
-        """top1_hit, topk_hit, valid [A, B] bool for A blocks."""
+    def add(
+        self,
+        top1_hit: torch.Tensor,
+        topk_hit: torch.Tensor,
+        valid: torch.Tensor,
+        walk_hits: dict[str, torch.Tensor],
+    ) -> None:
+        """top1_hit, topk_hit, valid [A, B] bool for A blocks; walk_hits: rule -> [A, B]
+        bool, where each rule's walk chose the label."""
         for name, hits in (
             ("slots", valid),
             ("top1", top1_hit & valid),
@@ -47,6 +56,9 @@ class Coverage:
         self.blocks += int(full.sum())
         self.top1_accepted += int(top1_hit[full].int().cumprod(1).sum())
         self.oracle_accepted += int(topk_hit[full].int().cumprod(1).sum())
+        for rule, hits in walk_hits.items():
+            accepted = int(hits[full].int().cumprod(1).sum())
+            self.walk_accepted[rule] = self.walk_accepted.get(rule, 0) + accepted
 
     def summary(self) -> dict[str, object]:
         def rate(num: list[int], den: list[int]) -> list[float]:
@@ -63,6 +75,9 @@ class Coverage:
             "topk_given_top1_wrong": round(sum(self.topk_when_top1_wrong) / max(1, sum(misses)), 4),
             "teacher_forced_accepted_length_top1": round(1 + self.top1_accepted / blocks, 3),
             "teacher_forced_accepted_length_oracle": round(1 + self.oracle_accepted / blocks, 3),
+        } | {
+            f"teacher_forced_accepted_length_{rule}": round(1 + accepted / blocks, 3)
+            for rule, accepted in self.walk_accepted.items()
         }
 
 
@@ -72,9 +87,15 @@ def measure_coverage(
     drafter: DFlashDrafter,
     sequences: list[tuple[list[int], list[int]]],
     top_k: int,
+    rules: tuple[Rule, ...] = (),
+    gamma: float = 0.5,
 ) -> Coverage:
-    """sequences: (prompt ids, greedy completion ids) pairs. Casts the drafter to the target's
-    activation dtype, in place (an engine may have left the target in another precision)."""
+    """sequences: (prompt ids, greedy completion ids) pairs; `rules`: the walks to measure
+    over the corrector's scores (a drafter with a corrector; gamma: the discounted rule's).
+    Casts the drafter to the target's activation dtype, in place (an engine may have left the
+    target in another precision)."""
+    if rules and drafter.corrector is None:
+        raise ValueError("walk rules need a drafter with a corrector")
     drafter.cast(target.model.embed_tokens.weight.dtype)
     block = drafter.config.block_size
     result = Coverage.empty(block, top_k)
@@ -92,7 +113,16 @@ def measure_coverage(
         wanted = anchors[0].unsqueeze(1) + torch.arange(1, block + 1)  # [A, B]
         valid = wanted < length  # [A, B]
         labels = tokens[0, wanted.clamp(max=length - 1)]  # [A, B]
-        candidates = Candidates.top_k(logits, top_k, drafter.vocab_ids).ids  # [A, B, K]
-        hits = candidates == labels.unsqueeze(-1)  # [A, B, K]
-        result.add(hits[..., 0], hits.any(-1), valid)
+        candidates = Candidates.top_k(logits, top_k, drafter.vocab_ids)  # [A, B, K] each
+        hits = candidates.ids == labels.unsqueeze(-1)  # [A, B, K]
+        walks = {}
+        if rules:
+            assert drafter.corrector is not None
+            scores = drafter.corrector(
+                hidden[0], candidates.ids, candidates.logits, target.model.embed_tokens.weight
+            )  # [A, B-1, K, K]
+            for rule in rules:
+                chosen = select(rule, scores, candidates, gamma).tokens  # [A, B]
+                walks[rule.value] = chosen == labels  # [A, B]
+        result.add(hits[..., 0], hits.any(-1), valid, walks)
     return result

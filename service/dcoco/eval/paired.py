@@ -9,7 +9,9 @@ decoding, bf16, all prompts of a suite in one batch) and kept in a file; every d
 measured on the same tokens, as `dcoco eval`'s coverage table measures it: a block drafted at
 every position, the top-1 draft's accepted length and top-K coverage by depth. Under greedy
 decoding the teacher-forced accepted length is what speculative decoding would accept on those
-completions, without running the engine once per drafter.
+completions, without running the engine once per drafter. For a drafter with a corrector, the
+corrector's walk under each of `--rules` is measured on the same blocks (the seed's ablations:
+`docs/ablations.md`).
 """
 
 import argparse
@@ -25,7 +27,7 @@ from dcoco.eval.cli import encode_suite
 from dcoco.eval.coverage import measure_coverage
 from dcoco.paths import DEFAULT_HELDOUT, DEFAULT_TARGET
 from dcoco.shared.engine_config import EngineConfig
-from dcoco.shared.options import Mode, Precision
+from dcoco.shared.options import Mode, Precision, Rule
 from dcoco.shared.sampling import SamplingParams
 from dcoco.suites import SUITES, load_suite
 from dcoco.tokenizer import Tokenizer
@@ -59,16 +61,23 @@ def completions(
 
 
 def arm_coverage(
-    target_folder: Path, drafter_folder: Path, pairs: dict[str, Pairs], top_k: int
+    target_folder: Path,
+    drafter_folder: Path,
+    pairs: dict[str, Pairs],
+    top_k: int,
+    rules: tuple[Rule, ...] = (),
 ) -> dict[str, Any]:
-    """One drafter's teacher-forced figures per suite and their means over suites."""
+    """One drafter's teacher-forced figures per suite and their means over suites; the walks
+    under `rules` when the drafter has a corrector."""
     target = load_target(target_folder).to(torch.bfloat16)
     drafter = load_drafter(drafter_folder).to(torch.bfloat16)
     if drafter.mask_embedding is not None:
         drafter.mask_embedding = drafter.mask_embedding.to(torch.bfloat16)
+    walked = rules if drafter.corrector is not None else ()
     with torch.no_grad():
         per_suite = {
-            name: measure_coverage(target, drafter, suite, top_k) for name, suite in pairs.items()
+            name: measure_coverage(target, drafter, suite, top_k, walked)
+            for name, suite in pairs.items()
         }
     found = list(per_suite.values())
 
@@ -82,6 +91,13 @@ def arm_coverage(
         ]
 
     lengths = {n: round(1 + c.top1_accepted / max(1, c.blocks), 3) for n, c in per_suite.items()}
+    walks = {
+        rule.value: {
+            n: round(1 + c.walk_accepted[rule.value] / max(1, c.blocks), 3)
+            for n, c in per_suite.items()
+        }
+        for rule in walked
+    }
     top1, topk = by_depth("top1"), by_depth("topk")
     return {
         "accepted_length": lengths,
@@ -93,6 +109,8 @@ def arm_coverage(
         "topk_slot15": topk[-1],
         "top1_by_depth": top1,
         "topk_by_depth": topk,
+        "walk_accepted_length": walks,
+        "mean_walk_accepted_length": {rule: mean(list(w.values())) for rule, w in walks.items()},
     }
 
 
@@ -104,6 +122,13 @@ def main() -> None:
     parser.add_argument("--top-k", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--completions", type=Path, required=True, help="made once, then read")
+    parser.add_argument(
+        "--rules",
+        nargs="*",
+        choices=[r.value for r in Rule],
+        default=[Rule.PREFIX.value],
+        help="the corrector walks to measure for drafters with a corrector (default: prefix)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if not args.completions.exists():
@@ -113,7 +138,8 @@ def main() -> None:
     pairs = {k: [(p, c) for p, c in v] for k, v in json.loads(args.completions.read_text()).items()}
     for arm in args.arms:
         name, folder = arm.split("=", 1)
-        figures = arm_coverage(DEFAULT_TARGET, Path(folder), pairs, args.top_k)
+        rules = tuple(Rule(r) for r in args.rules)
+        figures = arm_coverage(DEFAULT_TARGET, Path(folder), pairs, args.top_k, rules)
         print(json.dumps({"arm": name} | figures), flush=True)
 
 

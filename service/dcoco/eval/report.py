@@ -133,7 +133,7 @@ def share_table(runs: list[Measurement], settings: list[str], suites: list[str])
 
 COVERAGE_COLUMNS = (
     "| drafter | suite | top-1 @1 | top-1 @B | top-K @1 | top-K @B | top-K where top-1 wrong "
-    "| accepted length, top-1 | oracle |"
+    "| accepted length, top-1 | accepted length, prefix-first walk | oracle |"
 )
 
 
@@ -156,8 +156,9 @@ def rescue_table(runs: list[Measurement], cfg: dict[str, Any]) -> list[str]:
 
 
 def coverage_table(coverage: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
-    """Teacher-forced accepted lengths: the top-1 draft's, and the oracle walk's ceiling."""
-    lines = [COVERAGE_COLUMNS, "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    """Teacher-forced accepted lengths: the top-1 draft's, the corrector's prefix-first walk's
+    (a drafter with a corrector; "-" otherwise), and the oracle walk's ceiling."""
+    lines = [COVERAGE_COLUMNS, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for drafter, suites in coverage.items():
         for suite, c in suites.items():
             t1, tk = c["top1_by_depth"], c["topk_by_depth"]
@@ -168,9 +169,11 @@ def coverage_table(coverage: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
                 tk[-1],
                 c["topk_given_top1_wrong"],
                 c["teacher_forced_accepted_length_top1"],
+                c.get("teacher_forced_accepted_length_prefix"),
                 c["teacher_forced_accepted_length_oracle"],
             ]
-            lines.append(f"| {drafter} | {suite} | " + " | ".join(f"{x:.2f}" for x in cells) + " |")
+            shown = ["-" if x is None else f"{x:.2f}" for x in cells]
+            lines.append(f"| {drafter} | {suite} | " + " | ".join(shown) + " |")
     return lines
 
 
