@@ -1,8 +1,11 @@
+import itertools
 from pathlib import Path
 
+import pytest
 import torch
 
 from dcoco.checkpoint import load_drafter, save_drafter
+from dcoco.engine import engine as engine_module
 from dcoco.engine.engine import Engine
 from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
@@ -42,6 +45,47 @@ def test_the_training_path_sees_what_the_cached_engine_path_sees(
         )
     assert len(set(anchors)) == 3
     torch.testing.assert_close(forced[0], torch.stack(cached), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cap", [256, 2])
+def test_context_deferred_through_plain_steps_drafts_the_same_block(
+    pair: tuple[CausalLM, DFlashDrafter], monkeypatch: pytest.MonkeyPatch, cap: int
+) -> None:
+    """Plain steps leave the drafter context owed (at most `cap` positions); the next draft
+    writes it first and sees what a teacher-forced pass sees, and the output stays the
+    target's own."""
+    monkeypatch.setattr(engine_module, "MAX_PENDING_CONTEXT", cap)
+    target, drafter = pair
+    prompt = [3, 1, 4, 1, 5, 9, 2]
+    continuation = greedy_reference(target, prompt, 20)
+    tokens = torch.tensor([prompt + continuation])  # [1, T]
+    cfg = EngineConfig(mode=Mode.DCOCO, max_batch_size=1, max_model_len=64, adaptive=True)
+    eng = Engine(target, drafter, cfg)
+    assert eng.planner is not None
+    plan = itertools.chain([0] * 6, itertools.repeat(eng.block))
+    monkeypatch.setattr(eng.planner, "choose", lambda rows, exploring_allowed=True: next(plan))
+    eng.add_request("r", prompt, SamplingParams(max_tokens=20))
+    output: list[int] = []
+    with torch.no_grad():
+        for _ in range(6):  # the prefill and six plain steps
+            output += [t for out in eng.step().outputs for t in out.new_token_ids]
+        seq = eng.scheduler.running[0]
+        assert 0 < seq.pending_positions == min(6, cap)
+        anchor = seq.num_cached
+        cached = eng.runner.draft([seq]).hidden[0]  # [B, H]
+        assert seq.pending_positions == 0
+        while eng.has_unfinished():
+            output += [t for out in eng.step().outputs for t in out.new_token_ids]
+        _, feats = target(
+            tokens,
+            torch.arange(tokens.shape[1]).unsqueeze(0),
+            feature_layers=drafter.config.target_layer_ids,
+        )
+        forced = teacher_forced_blocks(
+            drafter, target.model.embed_tokens, feats, tokens, torch.tensor([[anchor]])
+        )
+    torch.testing.assert_close(forced[0, 0], cached, rtol=1e-4, atol=1e-4)
+    assert output == continuation
 
 
 def test_a_reduced_vocabulary_scores_its_tokens_as_the_whole_one_and_stays_lossless(

@@ -30,6 +30,9 @@ from dcoco.spec.planner import VerifyPlanner
 from dcoco.spec.verify import sample, target_probs, verify
 
 log = logging.getLogger(__name__)
+# A sequence that keeps taking plain steps writes its drafter context once it owes this many
+# positions, even before its next draft: it bounds the features kept per sequence.
+MAX_PENDING_CONTEXT = 256
 
 
 class Engine:
@@ -192,7 +195,7 @@ class Engine:
         """One plain step: vanilla mode, or a speculative cycle that verifies nothing."""
         start = time.perf_counter()
         logits, context = self.runner.decode(seqs)  # [N, V]
-        self.runner.extend_context(context)  # the drafter's context, when there is a drafter
+        self.runner.defer_context(seqs, context, [1] * len(seqs))
         tokens = self._sample(seqs, logits).tolist()  # [N]
         elapsed = time.perf_counter() - start
         book = CycleBook({"draft": 0.0, "correct": 0.0, "verify": elapsed, "total": elapsed})
@@ -213,6 +216,7 @@ class Engine:
         """Draft for the sequences that speculate (the drafter for DFlash and DCOCO, which the
         corrector then re-selects; prompt lookup for n-gram), then verify every sequence: one
         that drafted nothing verifies only its own next token."""
+        self.runner.flush_context([s for s in seqs if s.pending_positions >= MAX_PENDING_CONTEXT])
         speculating = [row for row, s in enumerate(seqs) if s.mode is not Mode.VANILLA]
         k = self._plan(seqs) if speculating else 0
         drafting = [row for row in speculating if seqs[row].mode.needs_drafter]
@@ -247,21 +251,19 @@ class Engine:
         uniforms = self._uniforms(seqs, k + 1)  # [N, k+1] or None
         verdict = verify(logits, drafted, temperature, top_p, uniforms)
         t3 = time.perf_counter()
-        self.runner.extend_context(context)
-        t4 = time.perf_counter()
-        book = CycleBook(
-            {"draft": t1 - t0 + t4 - t3, "correct": t2 - t1, "verify": t3 - t2, "total": t4 - t0}
-        )
+        phases = {"draft": t1 - t0, "correct": t2 - t1, "verify": t3 - t2, "total": t3 - t0}
+        book = CycleBook(phases)
         # A padded slot the target happens to accept is cut: the token after the real draft is
         # then the target's own (accepted or resampled, it follows the target's distribution).
         accepted = [
             min(held, len(p)) for held, p in zip(verdict.accepted.tolist(), proposed, strict=True)
         ]  # [N]
+        self.runner.defer_context(seqs, context, [held + 1 for held in accepted])
         rows = zip(seqs, accepted, proposed, chosen, verdict.tokens.tolist(), strict=True)
         for seq, held, mine, index, tokens in rows:
             seq.num_cached += held + 1
             self._cycle_row(seq, book, result, held, index, mine, tokens)
-        self._observe(seqs, k, [accepted[row] for row in speculating], t2 - t0 + t4 - t3, t3 - t2)
+        self._observe(seqs, k, [accepted[row] for row in speculating], t2 - t0, t3 - t2)
         return book.cycles()
 
     def _cycle_row(

@@ -107,9 +107,11 @@ class ModelRunner:
         return self.target.logits(hidden[:, 0]), self._context(view, feats)  # [N, V]
 
     def draft(self, seqs: list[Sequence]) -> Draft:
-        """One drafter pass over [pending token, B masks] for each sequence."""
+        """One drafter pass over [pending token, B masks] for each sequence, after writing the
+        context they owe."""
         assert self.drafter is not None
         assert self.drafter_cache is not None
+        self.flush_context(seqs)
         view = self._block_view(seqs, causal=False)
         last = torch.tensor([s.last_token for s in seqs])  # [N]
         embeds = self.drafter.embed_block(
@@ -156,6 +158,41 @@ class ModelRunner:
         for cache in (self.target_cache, self.drafter_cache):
             if cache is not None:
                 cache.move(moves)
+
+    def defer_context(self, seqs: list[Sequence], update: ContextUpdate, kept: list[int]) -> None:
+        """Keeps the features of each row's first kept[i] positions (those it committed) for its
+        next draft; only sequences that draft keep them (`Sequence.pending_context`)."""
+        if self.drafter is None:
+            return
+        for row, (seq, count) in enumerate(zip(seqs, kept, strict=True)):
+            if seq.mode.needs_drafter:
+                seq.pending_context.append(update.features[row, :count])  # [count, F]
+
+    def flush_context(self, seqs: list[Sequence]) -> None:
+        """Writes the drafter context these sequences still owe, in one batched pass."""
+        owing = [s for s in seqs if s.pending_context]
+        if not owing:
+            return
+        counts = torch.tensor([s.pending_positions for s in owing])  # [N]
+        width = int(counts.max())
+        feats = torch.stack(
+            [
+                torch.nn.functional.pad(torch.cat(s.pending_context), (0, 0, 0, width - n))
+                for s, n in zip(owing, counts.tolist(), strict=True)
+            ]
+        )  # [N, T, F], zero rows after each row's own
+        starts = torch.tensor([s.num_cached for s in owing]) - counts  # [N]
+        offsets = torch.arange(width).expand(len(owing), width)  # [N, T]
+        valid = offsets < counts.unsqueeze(1)  # [N, T]
+        positions = torch.where(
+            valid, starts.unsqueeze(1) + offsets, self.target_cache.scratch
+        )  # [N, T]
+        limits = torch.where(valid, positions, 0)  # [N, T]
+        length = max(s.num_cached for s in owing)
+        view = CacheView.build([s.slot for s in owing], positions, limits, length)
+        self.extend_context(ContextUpdate(view=view, features=feats))
+        for seq in owing:
+            seq.pending_context.clear()
 
     def extend_context(self, update: ContextUpdate) -> None:
         """Stores drafter context keys/values for the tokens the target just processed.

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+import torch
+
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
 from dcoco.shared.stats import SpecStats
@@ -11,8 +13,11 @@ from dcoco.shared.stats import SpecStats
 class Sequence:
     """Tokens, cache bookkeeping and stop state of one request.
 
-    Invariant while running: the target KV cache and the drafter context hold positions
-    0..num_cached-1, and the last token (position num_cached) is pending, not yet cached.
+    Invariant while running: the target KV cache holds positions 0..num_cached-1, and the last
+    token (position num_cached) is pending, not yet cached. The drafter context holds the same
+    positions but the last P, whose target features wait in `pending_context` until the next
+    draft of this sequence writes them (`ModelRunner.flush_context`): a plain step does not
+    pay for a drafter pass it may never use.
     """
 
     request_id: str
@@ -27,6 +32,12 @@ class Sequence:
     stats: SpecStats = field(default_factory=SpecStats)
     sample_key: int = 0  # keys the uniforms of its sampled tokens (`engine/uniforms.py`)
     mode: Mode = Mode.VANILLA  # how its cycles draft: the request's speculation
+    pending_context: list[torch.Tensor] = field(default_factory=list)  # [T, F] chunks, in order
+
+    @property
+    def pending_positions(self) -> int:
+        """P: the positions cached in the target whose drafter context is not yet written."""
+        return sum(len(chunk) for chunk in self.pending_context)
 
     @property
     def length(self) -> int:
