@@ -78,6 +78,25 @@ def test_int4_refuses_widths_off_its_groups() -> None:
         Int4Linear(torch.randn(8, 40))
 
 
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_fused_projections_compute_what_the_separate_ones_do(family: str) -> None:
+    target = make_target(family=family)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])  # [1, T]
+    positions = torch.arange(ids.shape[1]).unsqueeze(0)  # [1, T]
+    layers = (0,)  # a layer's output, the drafter's features
+    with torch.no_grad():
+        before, feats_before = target(ids, positions, feature_layers=layers)  # [1, T, H]
+        target.fuse_projections()
+        target.fuse_projections()  # a second call changes nothing
+        after, feats_after = target(ids, positions, feature_layers=layers)  # [1, T, H]
+    names = set(target.state_dict())
+    assert "model.layers.0.self_attn.qkv_proj.weight" in names
+    assert "model.layers.0.mlp.gate_up_proj.weight" in names
+    assert not any(n.endswith(("q_proj.weight", "gate_proj.weight")) for n in names)
+    torch.testing.assert_close(after, before, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(feats_after, feats_before, rtol=1e-5, atol=1e-5)
+
+
 def test_quantizing_is_one_way() -> None:
     target = make_target(hidden=64, vocab=64)
     apply_precision(target, Precision.INT4)

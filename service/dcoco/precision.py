@@ -50,8 +50,10 @@ def current_precision(target: CausalLM) -> Precision:
 
 
 def apply_precision(target: CausalLM, precision: Precision) -> None:
-    """Puts the target in `precision`, in place. A quantized target stays as it is: quantizing
-    is one way, so asking it for another precision raises ValueError."""
+    """Readies the target for an engine in `precision`, in place: its projections fused
+    (`layers.fuse_linears`), then cast or quantized. A quantized target stays as it is:
+    quantizing is one way, so asking it for another precision raises ValueError."""
+    target.fuse_projections()
     current = current_precision(target)
     if current is precision:
         return

@@ -24,6 +24,14 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.max_position_embeddings)
 
+    def fuse_projections(self) -> None:
+        """Each layer's q/k/v and gate/up projections as one linear each, in place, for an
+        engine (`layers.fuse_linears`); a second call changes nothing."""
+        for layer in self.model.layers:
+            assert isinstance(layer, DecoderLayer)
+            if layer.self_attn.qkv_proj is None:
+                layer.fuse()
+
     def forward(
         self,
         input_ids: torch.Tensor,
