@@ -7,6 +7,7 @@ kept. Every method takes the running sequences in batch order and returns batche
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from dcoco.engine.kv_cache import CacheView, KVCache
 from dcoco.engine.scheduler import Move
@@ -177,7 +178,7 @@ class ModelRunner:
         width = int(counts.max())
         feats = torch.stack(
             [
-                torch.nn.functional.pad(torch.cat(s.pending_context), (0, 0, 0, width - n))
+                F.pad(torch.cat(s.pending_context), (0, 0, 0, width - n))
                 for s, n in zip(owing, counts.tolist(), strict=True)
             ]
         )  # [N, T, F], zero rows after each row's own
