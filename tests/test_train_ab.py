@@ -5,7 +5,7 @@ import pytest
 
 from dcoco.checkpoint import load_drafter, load_target
 from dcoco.eval.coverage import measure_coverage
-from dcoco.eval.paired import arm_coverage, completions
+from dcoco.eval.paired import arm_coverage, arm_expected, completions
 from dcoco.paths import TINY_DCOCO, TINY_DFLASH, TINY_HELDOUT, TINY_TARGET
 from dcoco.shared.options import Rule
 from dcoco.train.run_ab import summary
@@ -35,6 +35,18 @@ def test_teacher_forced_figures_match_the_evaluations_coverage() -> None:
     for rule, walk in dcoco["walk_accepted_length"].items():
         assert set(walk) == set(pairs)
         assert 1.0 <= dcoco["mean_walk_accepted_length"][rule] <= dcoco["oracle_walk"]
+
+
+def test_sampled_completions_give_expected_lengths_per_draft() -> None:
+    pairs = completions(TINY_TARGET, TINY_HELDOUT, limit=2, max_tokens=24, temperature=1.0)
+    again = completions(TINY_TARGET, TINY_HELDOUT, limit=2, max_tokens=24, temperature=1.0)
+    assert pairs == again  # seeded
+    assert pairs != completions(TINY_TARGET, TINY_HELDOUT, limit=2, max_tokens=24)
+    figures = arm_expected(TINY_TARGET, TINY_DCOCO, pairs, 16, 1.0, (Rule.PREFIX,))
+    assert set(figures["expected_accepted_length"]) == {"top1", "prefix"}
+    for draft, mean in figures["mean"].items():
+        assert set(figures["expected_accepted_length"][draft]) == set(pairs)
+        assert 1.0 <= mean <= 16.0
 
 
 def test_an_arms_summary_reads_the_eval_results() -> None:

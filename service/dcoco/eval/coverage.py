@@ -81,6 +81,62 @@ class Coverage:
         }
 
 
+@dataclass(frozen=True)
+class Blocks:
+    """The drafts teacher-forced along one completion: a block at every position."""
+
+    tokens: torch.Tensor  # [1, T] prompt and completion
+    anchors: torch.Tensor  # [A] each block's pending-token position
+    labels: torch.Tensor  # [A, B] the completion's next B tokens (clamped past its end)
+    valid: torch.Tensor  # [A, B] the label lies inside the completion
+    candidates: Candidates  # [A, B, K] each
+    walks: dict[str, torch.Tensor]  # rule -> [A, B] the corrector's draft under that rule
+
+
+@torch.no_grad()
+def draft_blocks(
+    target: CausalLM,
+    drafter: DFlashDrafter,
+    prompt: list[int],
+    completion: list[int],
+    top_k: int,
+    rules: tuple[Rule, ...] = (),
+    gamma: float = 0.5,
+) -> Blocks:
+    """Every block the drafter would draft along prompt + completion (at least 2 tokens)."""
+    block = drafter.config.block_size
+    tokens = torch.tensor([prompt + completion])  # [1, T]
+    length = tokens.shape[1]
+    anchors = torch.arange(len(prompt), length - 1).unsqueeze(0)  # [1, A] pending tokens
+    positions = torch.arange(length).unsqueeze(0)  # [1, T]
+    _, feats = target(tokens, positions, feature_layers=drafter.config.target_layer_ids)
+    assert feats is not None
+    hidden = teacher_forced_blocks(drafter, target.model.embed_tokens, feats, tokens, anchors)
+    logits = drafter.logits(hidden[0], target.lm_head)  # [A, B, V']
+    wanted = anchors[0].unsqueeze(1) + torch.arange(1, block + 1)  # [A, B]
+    candidates = Candidates.top_k(logits, top_k, drafter.vocab_ids)  # [A, B, K] each
+    walks = {}
+    if rules:
+        assert drafter.corrector is not None
+        scores = drafter.corrector(
+            hidden[0], candidates.ids, candidates.logits, target.model.embed_tokens.weight
+        )  # [A, B-1, K, K]
+        walks = {r.value: select(r, scores, candidates, gamma).tokens for r in rules}  # [A, B]
+    return Blocks(
+        tokens=tokens,
+        anchors=anchors[0],
+        labels=tokens[0, wanted.clamp(max=length - 1)],
+        valid=wanted < length,
+        candidates=candidates,
+        walks=walks,
+    )
+
+
+def check_rules(drafter: DFlashDrafter, rules: tuple[Rule, ...]) -> None:
+    if rules and drafter.corrector is None:
+        raise ValueError("walk rules need a drafter with a corrector")
+
+
 @torch.no_grad()
 def measure_coverage(
     target: CausalLM,
@@ -94,35 +150,14 @@ def measure_coverage(
     over the corrector's scores (a drafter with a corrector; gamma: the discounted rule's).
     Casts the drafter to the target's activation dtype, in place (an engine may have left the
     target in another precision)."""
-    if rules and drafter.corrector is None:
-        raise ValueError("walk rules need a drafter with a corrector")
+    check_rules(drafter, rules)
     drafter.cast(target.model.embed_tokens.weight.dtype)
-    block = drafter.config.block_size
-    result = Coverage.empty(block, top_k)
+    result = Coverage.empty(drafter.config.block_size, top_k)
     for prompt, completion in sequences:
         if len(completion) < 2:
             continue
-        tokens = torch.tensor([prompt + completion])  # [1, T]
-        length = tokens.shape[1]
-        anchors = torch.arange(len(prompt), length - 1).unsqueeze(0)  # [1, A] pending tokens
-        positions = torch.arange(length).unsqueeze(0)  # [1, T]
-        _, feats = target(tokens, positions, feature_layers=drafter.config.target_layer_ids)
-        assert feats is not None
-        hidden = teacher_forced_blocks(drafter, target.model.embed_tokens, feats, tokens, anchors)
-        logits = drafter.logits(hidden[0], target.lm_head)  # [A, B, V']
-        wanted = anchors[0].unsqueeze(1) + torch.arange(1, block + 1)  # [A, B]
-        valid = wanted < length  # [A, B]
-        labels = tokens[0, wanted.clamp(max=length - 1)]  # [A, B]
-        candidates = Candidates.top_k(logits, top_k, drafter.vocab_ids)  # [A, B, K] each
-        hits = candidates.ids == labels.unsqueeze(-1)  # [A, B, K]
-        walks = {}
-        if rules:
-            assert drafter.corrector is not None
-            scores = drafter.corrector(
-                hidden[0], candidates.ids, candidates.logits, target.model.embed_tokens.weight
-            )  # [A, B-1, K, K]
-            for rule in rules:
-                chosen = select(rule, scores, candidates, gamma).tokens  # [A, B]
-                walks[rule.value] = chosen == labels  # [A, B]
-        result.add(hits[..., 0], hits.any(-1), valid, walks)
+        b = draft_blocks(target, drafter, prompt, completion, top_k, rules, gamma)
+        hits = b.candidates.ids == b.labels.unsqueeze(-1)  # [A, B, K]
+        walks = {rule: chosen == b.labels for rule, chosen in b.walks.items()}  # [A, B] each
+        result.add(hits[..., 0], hits.any(-1), b.valid, walks)
     return result

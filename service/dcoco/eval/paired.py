@@ -11,7 +11,8 @@ every position, the top-1 draft's accepted length and top-K coverage by depth. U
 decoding the teacher-forced accepted length is what speculative decoding would accept on those
 completions, without running the engine once per drafter. For a drafter with a corrector, the
 corrector's walk under each of `--rules` is measured on the same blocks (the seed's ablations:
-`docs/ablations.md`).
+`docs/ablations.md`). With `--temperature T`, the completions are sampled at T and each draft's
+expected accepted length at T is measured instead (`dcoco.eval.expected`).
 """
 
 import argparse
@@ -25,21 +26,25 @@ from dcoco.checkpoint import load_drafter, load_target
 from dcoco.engine.engine import Engine
 from dcoco.eval.cli import encode_suite
 from dcoco.eval.coverage import measure_coverage
+from dcoco.eval.expected import expected_accepted_length
+from dcoco.model.causal_lm import CausalLM
 from dcoco.paths import DEFAULT_HELDOUT, DEFAULT_TARGET
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Precision, Rule
 from dcoco.shared.sampling import SamplingParams
+from dcoco.spec.drafter import DFlashDrafter
 from dcoco.suites import SUITES, load_suite
 from dcoco.tokenizer import Tokenizer
 
 MAX_MODEL_LEN = 1024
-Pairs = list[tuple[list[int], list[int]]]  # (prompt ids, greedy completion ids)
+Pairs = list[tuple[list[int], list[int]]]  # (prompt ids, completion ids)
 
 
 def completions(
-    target_folder: Path, heldout: Path, limit: int, max_tokens: int
+    target_folder: Path, heldout: Path, limit: int, max_tokens: int, temperature: float = 0.0
 ) -> dict[str, Pairs]:
-    """Each suite's first `limit` prompts with the target's greedy completions, in bf16."""
+    """Each suite's first `limit` prompts with the target's completions, in bf16: greedy, or
+    sampled at `temperature` (seeded, so the file can be made again)."""
     tokenizer = Tokenizer.from_dir(target_folder)
     target = load_target(target_folder)
     cfg = EngineConfig(
@@ -55,7 +60,8 @@ def completions(
         prompts = encode_suite(
             load_suite(name, heldout), tokenizer, limit, MAX_MODEL_LEN - max_tokens
         )
-        done, _ = engine.generate(prompts, SamplingParams(max_tokens=max_tokens))
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=0)
+        done, _ = engine.generate(prompts, params)
         found[name] = [(p, c.token_ids) for p, c in zip(prompts, done, strict=True)]
     return found
 
@@ -69,10 +75,7 @@ def arm_coverage(
 ) -> dict[str, Any]:
     """One drafter's teacher-forced figures per suite and their means over suites; the walks
     under `rules` when the drafter has a corrector."""
-    target = load_target(target_folder).to(torch.bfloat16)
-    drafter = load_drafter(drafter_folder).to(torch.bfloat16)
-    if drafter.mask_embedding is not None:
-        drafter.mask_embedding = drafter.mask_embedding.to(torch.bfloat16)
+    target, drafter = bf16_pair(target_folder, drafter_folder)
     walked = rules if drafter.corrector is not None else ()
     with torch.no_grad():
         per_suite = {
@@ -114,6 +117,36 @@ def arm_coverage(
     }
 
 
+def arm_expected(
+    target_folder: Path,
+    drafter_folder: Path,
+    pairs: dict[str, Pairs],
+    top_k: int,
+    temperature: float,
+    rules: tuple[Rule, ...] = (),
+) -> dict[str, Any]:
+    """One drafter's expected accepted lengths at `temperature` per suite (`eval.expected`),
+    for its top-1 draft and, with a corrector, each rule's walk; and their means over suites."""
+    target, drafter = bf16_pair(target_folder, drafter_folder)
+    walked = rules if drafter.corrector is not None else ()
+    per_suite = {
+        name: expected_accepted_length(target, drafter, suite, top_k, temperature, walked)
+        for name, suite in pairs.items()
+    }
+    drafts = next(iter(per_suite.values())).keys()
+    lengths = {d: {n: per_suite[n][d] for n in per_suite} for d in drafts}
+    means = {d: round(sum(v.values()) / len(v), 3) for d, v in lengths.items()}
+    return {"temperature": temperature, "expected_accepted_length": lengths, "mean": means}
+
+
+def bf16_pair(target_folder: Path, drafter_folder: Path) -> tuple[CausalLM, DFlashDrafter]:
+    target = load_target(target_folder).to(torch.bfloat16)
+    drafter = load_drafter(drafter_folder).to(torch.bfloat16)
+    if drafter.mask_embedding is not None:
+        drafter.mask_embedding = drafter.mask_embedding.to(torch.bfloat16)
+    return target, drafter
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m dcoco.eval.paired")
     parser.add_argument("arms", nargs="+", help="NAME=drafter folder")
@@ -129,17 +162,31 @@ def main() -> None:
         default=[Rule.PREFIX.value],
         help="the corrector walks to measure for drafters with a corrector (default: prefix)",
     )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="above 0: completions sampled at it, and each draft's expected accepted length "
+        "at it (dcoco.eval.expected) instead of the greedy figures; give its own --completions",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if not args.completions.exists():
         args.completions.parent.mkdir(parents=True, exist_ok=True)
-        made = completions(DEFAULT_TARGET, DEFAULT_HELDOUT, args.limit, args.max_tokens)
+        made = completions(
+            DEFAULT_TARGET, DEFAULT_HELDOUT, args.limit, args.max_tokens, args.temperature
+        )
         args.completions.write_text(json.dumps(made))
     pairs = {k: [(p, c) for p, c in v] for k, v in json.loads(args.completions.read_text()).items()}
     for arm in args.arms:
         name, folder = arm.split("=", 1)
         rules = tuple(Rule(r) for r in args.rules)
-        figures = arm_coverage(DEFAULT_TARGET, Path(folder), pairs, args.top_k, rules)
+        if args.temperature > 0:
+            figures = arm_expected(
+                DEFAULT_TARGET, Path(folder), pairs, args.top_k, args.temperature, rules
+            )
+        else:
+            figures = arm_coverage(DEFAULT_TARGET, Path(folder), pairs, args.top_k, rules)
         print(json.dumps({"arm": name} | figures), flush=True)
 
 
