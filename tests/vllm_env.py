@@ -54,18 +54,20 @@ def offline(
     max_tokens: int,
     extra: tuple[str, ...] = (),
     target: Path = TINY_TARGET,
+    eager: bool = True,
     **env: str,
 ) -> dict[str, Any]:
-    """Generation through vLLM's offline LLM (`dcoco.vllm.offline`; `extra`: its flags), eager:
-    compiling the target and the drafter costs about 25 s a start here, and the compiled path
-    is what the vllm worker runs in tests/test_serving_vllm.py."""
+    """Generation through vLLM's offline LLM (`dcoco.vllm.offline`; `extra`: its flags), eager
+    unless asked: compiling the target and the drafter costs about 25 s a start here, and the
+    compiled path is what the vllm worker runs in tests/test_serving_vllm.py."""
     require_vllm()
     prompt_file, out = root / "prompts.jsonl", root / "out.json"
     prompt_file.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts))
     args = [VLLM_PYTHON, "-m", "dcoco.vllm.offline", "--target", str(target)]
     args += ["--prompts", str(prompt_file), "--out", str(out), "--max-tokens", str(max_tokens)]
     args += ["--drafter", str(drafter)] if drafter else []
-    args += ["--gpu-memory-utilization", MEMORY_SHARE, "--enforce-eager", *extra]
+    args += ["--gpu-memory-utilization", MEMORY_SHARE, *(["--enforce-eager"] if eager else [])]
+    args += extra
     log = root / "vllm.log"
     with log.open("w") as sink:
         done = subprocess.run(
