@@ -79,7 +79,6 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, ContextUpdate]:
         """Caches the next chunks[i] prompt tokens of each sequence, after its num_cached;
         returns the next-token logits [N, V] after each row's chunk."""
-        starts = torch.tensor([s.num_cached for s in seqs]).unsqueeze(1)  # [N, 1]
         lengths = torch.tensor(chunks)  # [N]
         width = max(chunks)
         ids = torch.tensor(
@@ -88,12 +87,7 @@ class ModelRunner:
                 for s, n in zip(seqs, chunks, strict=True)
             ]
         )  # [N, T]
-        offsets = torch.arange(width).expand(len(seqs), width)  # [N, T]
-        valid = offsets < lengths.unsqueeze(1)  # [N, T]
-        positions = torch.where(valid, starts + offsets, self.target_cache.scratch)  # [N, T]
-        limits = torch.where(valid, starts + offsets, 0)  # [N, T]
-        length = int((starts.squeeze(1) + lengths).max())
-        view = CacheView.build([s.slot for s in seqs], positions, limits, length)
+        view = self._ragged_view(seqs, torch.tensor([s.num_cached for s in seqs]), lengths)
         hidden, feats = self._target(ids, view)  # [N, T, H], [N, T, F]
         last = hidden[torch.arange(len(seqs)), lengths - 1]  # [N, H]
         return self.target.logits(last), self._context(view, feats)  # [N, V]
@@ -183,14 +177,7 @@ class ModelRunner:
             ]
         )  # [N, T, F], zero rows after each row's own
         starts = torch.tensor([s.num_cached for s in owing]) - counts  # [N]
-        offsets = torch.arange(width).expand(len(owing), width)  # [N, T]
-        valid = offsets < counts.unsqueeze(1)  # [N, T]
-        positions = torch.where(
-            valid, starts.unsqueeze(1) + offsets, self.target_cache.scratch
-        )  # [N, T]
-        limits = torch.where(valid, positions, 0)  # [N, T]
-        length = max(s.num_cached for s in owing)
-        view = CacheView.build([s.slot for s in owing], positions, limits, length)
+        view = self._ragged_view(owing, starts, counts)
         self.extend_context(ContextUpdate(view=view, features=feats))
         for seq in owing:
             seq.pending_context.clear()
@@ -217,6 +204,20 @@ class ModelRunner:
     def _context(self, view: CacheView, feats: torch.Tensor | None) -> ContextUpdate:
         empty = torch.empty(*view.positions.shape, 0)  # [N, T, 0]: vanilla has no drafter
         return ContextUpdate(view=view, features=feats if feats is not None else empty)
+
+    def _ragged_view(
+        self, seqs: list[Sequence], starts: torch.Tensor, lengths: torch.Tensor
+    ) -> CacheView:
+        """Row i holds positions starts[i] .. starts[i]+lengths[i]-1, causal; starts and
+        lengths [N]. Padding up to the longest row writes to the scratch cell."""
+        width = int(lengths.max())
+        offsets = torch.arange(width).expand(len(seqs), width)  # [N, T]
+        valid = offsets < lengths.unsqueeze(1)  # [N, T]
+        wanted = starts.unsqueeze(1) + offsets  # [N, T]
+        positions = torch.where(valid, wanted, self.target_cache.scratch)  # [N, T]
+        limits = torch.where(valid, wanted, 0)  # [N, T]
+        length = int((starts + lengths).max())
+        return CacheView.build([s.slot for s in seqs], positions, limits, length)
 
     def _block_view(self, seqs: list[Sequence], causal: bool, width: int = 0) -> CacheView:
         """Positions num_cached..num_cached+width-1 for each row (width B+1 by default);
