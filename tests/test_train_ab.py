@@ -1,6 +1,10 @@
 """The A/B instruments: teacher-forced figures from fixed greedy completions agree with the
 evaluation's coverage table, and an arm's summary reads a `dcoco eval` results file."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from dcoco.checkpoint import load_drafter, load_target
@@ -73,3 +77,12 @@ def test_an_arms_summary_reads_the_eval_results() -> None:
     assert got["top1_slot1"] == 0.5
     assert got["top1_slot15"] == 0.1
     assert got["teacher_forced_accepted_length"] == 2.0
+
+
+def test_a_negative_temperature_is_one_line(tmp_path: Path) -> None:
+    args = [sys.executable, "-m", "dcoco.eval.paired", "a=b", "--temperature", "-1"]
+    args += ["--completions", str(tmp_path / "none.json")]
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith("--temperature must be in [0, 100], got -1.0")
+    assert not (tmp_path / "none.json").exists()  # refused before any work

@@ -170,6 +170,8 @@ def main() -> None:
         "at it (dcoco.eval.expected) instead of the greedy figures; give its own --completions",
     )
     args = parser.parse_args()
+    if not 0.0 <= args.temperature <= 100.0:
+        parser.error(f"--temperature must be in [0, 100], got {args.temperature}")
     torch.set_num_threads(args.threads)
     if not args.completions.exists():
         args.completions.parent.mkdir(parents=True, exist_ok=True)
