@@ -164,7 +164,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (x * cos + rotated * sin).to(x.dtype)  # [N, H, T, D]
 
 
-SDPA_FROM_QUERIES = 128  # bf16 masked attention: _explicit_attention below, SDPA from here
+# Masked bf16 attention over fewer queries than this runs in fp32 (`Attention.forward`).
+UPCAST_BELOW = 128
 
 
 class Attention(nn.Module):
@@ -215,7 +216,15 @@ class Attention(nn.Module):
         kv: KVSource | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        """x [N, T, hidden] -> [N, T, hidden]. Without a KV source, plain causal self-attention."""
+        """x [N, T, hidden] -> [N, T, hidden]. Without a KV source, plain causal self-attention.
+
+        Masked bf16 attention over few queries (decoding, verifying, drafting a block) runs in
+        fp32, whose kernels are native on every x86 CPU. In bf16 at these small shapes, matmuls
+        written out cost oneDNN a fresh kernel for each new key length, and SDPA is up to 6x
+        slower on CPUs without AMX. A plain int4 step on an AMX Xeon: 1.14x faster than the
+        bf16 matmuls this replaces (bf16 SDPA would be 1.3x there, but not elsewhere). Long
+        prefills and training's many blocks stay in bf16, where SDPA's kernels win.
+        """
         n, t, _ = x.shape
         if self.qkv_proj is None:
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [N, T, Hq*D], [N, T, Hkv*D]
@@ -226,34 +235,17 @@ class Attention(nn.Module):
         k, v = self._rotate_kv(k, v, cos, sin)  # [N, Hkv, T, D] each
         if kv is not None:
             k, v = kv(self.layer_idx, k, v)  # [N, Hkv, L, D] each
-        if mask is not None and q.dtype == torch.bfloat16 and t < SDPA_FROM_QUERIES:
-            out = _explicit_attention(q, k, v, mask)  # [N, Hq, T, D]
-        else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, is_causal=kv is None and mask is None, enable_gqa=True
-            )  # [N, Hq, T, D]
+        upcast = mask is not None and q.dtype == torch.bfloat16 and t < UPCAST_BELOW
+        work = torch.float32 if upcast else q.dtype
+        out = F.scaled_dot_product_attention(
+            q.to(work),
+            k.to(work),
+            v.to(work),
+            attn_mask=mask,
+            is_causal=kv is None and mask is None,
+            enable_gqa=True,
+        ).to(q.dtype)  # [N, Hq, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(n, t, self.heads * self.head_dim))
-
-
-def _explicit_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    """Masked grouped-query attention written out: q [N, Hq, T, D], k and v [N, Hkv, L, D],
-    mask [N, 1, T, L] -> [N, Hq, T, D], softmax in fp32.
-
-    On CPU in bf16, SDPA's kernels are up to 6x slower than this for the engine's small
-    shapes (one query per row when decoding, B + 1 when verifying); in fp32 they are as fast.
-    From SDPA_FROM_QUERIES queries on (long prefills, training's many blocks) SDPA is 2-3x
-    faster, forward and backward.
-    """
-    n, heads, t, d = q.shape
-    kv_heads, length = k.shape[1], k.shape[2]
-    group = q.reshape(n, kv_heads, heads // kv_heads * t, d)  # [N, Hkv, G*T, D]
-    scores = (group @ k.transpose(-1, -2)).view(n, kv_heads, -1, t, length)  # [N, Hkv, G, T, L]
-    scores = scores.float().mul_(d**-0.5)  # [N, Hkv, G, T, L]
-    scores.masked_fill_(~mask.view(n, 1, 1, t, length), float("-inf"))  # [N, Hkv, G, T, L]
-    weights = scores.softmax(-1).to(q.dtype).view(n, kv_heads, -1, length)  # [N, Hkv, G*T, L]
-    return (weights @ v).view(n, heads, t, d)  # [N, Hq, T, D]
 
 
 class MLP(nn.Module):
