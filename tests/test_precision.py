@@ -10,14 +10,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dcoco import precision
 from dcoco.engine.engine import Engine
 from dcoco.model.causal_lm import CausalLM
+from dcoco.model.layers import set_attention_upcast
 from dcoco.model.quant import DENSE_FROM, GROUP, Int4Linear, Int8Linear
 from dcoco.precision import (
+    UPCAST_SHAPES,
     WIDTHS,
     CostTable,
     apply_precision,
+    attention_upcast,
     cache_file,
+    cache_key,
     cost_table,
     current_precision,
     widths,
@@ -26,7 +31,7 @@ from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams
 from dcoco.spec.drafter import DFlashDrafter
-from factories import make_target
+from factories import make_drafter, make_target
 
 
 def q4_1_grid(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,7 +161,7 @@ def test_auto_measures_once_caches_and_survives_a_corrupt_cache(
     assert set(engine.costs.seconds) == {"fp32", "bf16", "int8", "int4"}
     assert tuple(engine.costs.seconds["fp32"]) == WIDTHS
     cached = json.loads(cache_file(tmp_path).read_text())
-    assert len(cached) == 1
+    assert sum("seconds" in entry for entry in cached.values()) == 1  # besides attention's
 
     # Another batch size (or mode) reads the same entry: one choice per CPU and model.
     wider = Engine(
@@ -172,3 +177,62 @@ def test_auto_measures_once_caches_and_survives_a_corrupt_cache(
     assert "unreadable" in caplog.text
     assert set(fresh.seconds) == {"fp32", "bf16", "int8", "int4"}
     assert json.loads(cache_file(tmp_path).read_text())  # rewritten whole
+
+
+def test_small_bf16_attention_in_fp32_or_bf16_gives_the_same_answer_within_rounding() -> None:
+    target = make_target(hidden=64, vocab=64).bfloat16()
+    ids = torch.randint(0, 64, (2, 5))  # [N, T]
+    positions = torch.arange(5).expand(2, 5)  # [N, T]
+    mask = torch.ones(5, 5, dtype=torch.bool).tril().expand(2, 1, 5, 5)  # [N, 1, T, L]
+    with torch.inference_mode():
+        set_attention_upcast(target, True)
+        upcast, _ = target(ids, positions, mask=mask)  # [N, T, H]
+        set_attention_upcast(target, False)
+        bf16, _ = target(ids, positions, mask=mask)  # [N, T, H]
+        unmasked, _ = target(ids, positions)  # [N, T, H], causal SDPA in bf16 either way
+    assert not torch.equal(upcast, bf16)  # two kernels ran
+    torch.testing.assert_close(upcast, bf16, rtol=0.05, atol=0.05)
+    torch.testing.assert_close(bf16, unmasked, rtol=0.05, atol=0.05)
+
+
+def test_the_attention_choice_is_measured_once_cached_and_applied_by_engines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = make_target(hidden=64, vocab=64)
+    first = attention_upcast(target, tmp_path)
+    key = cache_key(target, ("attention", *UPCAST_SHAPES))
+    entry = json.loads(cache_file(tmp_path).read_text())[key]
+    assert set(entry) == {"bf16", "fp32"}
+    assert all(s > 0 for s in entry.values())
+    assert first == (entry["fp32"] < entry["bf16"])
+
+    def fail(_: CausalLM) -> dict[str, float]:
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(precision, "measure_upcast", fail)
+    cfg = EngineConfig(
+        mode=Mode.DCOCO,
+        max_batch_size=2,
+        max_model_len=32,
+        precision=Precision.BF16,
+        cache_dir=tmp_path,
+    )
+    for bf16_seconds, upcast in ((1.0, True), (0.5, False)):
+        cached = json.loads(cache_file(tmp_path).read_text())
+        cached[key] = {"bf16": bf16_seconds, "fp32": 0.75}
+        cache_file(tmp_path).write_text(json.dumps(cached))
+        engine = Engine(copy.deepcopy(target), make_drafter(target), cfg)
+        models = (engine.runner.target, engine.runner.drafter)
+        flags = {m.upcast for model in models for m in model.modules() if hasattr(m, "upcast")}
+        assert flags == {upcast}
+    fp32 = Engine(
+        copy.deepcopy(target), None, replace(cfg, mode=Mode.VANILLA, precision=Precision.FP32)
+    )
+    assert not any(getattr(m, "upcast", False) for m in fp32.runner.target.modules())
+
+    monkeypatch.undo()
+    cache_file(tmp_path).write_text("[]")
+    with caplog.at_level(logging.WARNING):
+        assert attention_upcast(target, tmp_path) in (True, False)
+    assert "unreadable" in caplog.text
+    assert key in json.loads(cache_file(tmp_path).read_text())

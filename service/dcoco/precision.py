@@ -7,6 +7,9 @@ kernel slows down with many rows. So `auto` times one target forward of 1, 2, 4,
 each precision and keeps the one with the lowest geometric mean over those widths (plain
 steps and verifications weigh alike). The table is cached per CPU, torch build, thread count
 and model shape, so later starts read it; a cache that cannot be read is measured afresh.
+
+Engines with bf16 activations also measure, once per CPU and model and cached alike, whether
+their small masked attention runs faster on fp32 copies (`attention_upcast`).
 """
 
 import copy
@@ -16,16 +19,20 @@ import logging
 import math
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
+import torch.nn.functional as F
 
 from dcoco.model.causal_lm import CausalLM
 from dcoco.model.quant import Int4Linear, Int8Linear, quantize_linears
 from dcoco.shared.options import Precision
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ACTIVATIONS = {
     Precision.FP32: torch.float32,
@@ -122,8 +129,9 @@ def cache_file(cache_dir: Path) -> Path:
     return cache_dir / "precision.json"
 
 
-def cache_key(target: CausalLM, sizes: tuple[int, ...]) -> str:
-    """What the table depends on: the CPU, the torch build, threads and the model's shapes."""
+def cache_key(target: CausalLM, settings: tuple[object, ...]) -> str:
+    """What a measurement depends on: the CPU, the torch build, threads, the model's shapes
+    and the measurement's own settings."""
     flags = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -136,38 +144,103 @@ def cache_key(target: CausalLM, sizes: tuple[int, ...]) -> str:
         torch.__version__,
         str(torch.get_num_threads()),
         repr(target.config),
-        repr(sizes),
+        repr(settings),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
-def cost_table(target: CausalLM, sizes: tuple[int, ...], cache_dir: Path) -> CostTable:
-    """The cached table for this CPU and model, or a fresh measurement (then cached)."""
-    path, key = cache_file(cache_dir), cache_key(target, sizes)
-    cached: dict[str, object] = {}
+def cached(
+    cache_dir: Path,
+    key: str,
+    measure_fresh: Callable[[], T],
+    read: Callable[[Any], T],
+    write: Callable[[T], object],
+) -> T:
+    """The entry `key` of this CPU's cache file read back with `read`, or `measure_fresh()`
+    stored with `write`. An entry that cannot be read is measured afresh, with a warning."""
+    path = cache_file(cache_dir)
+    entries: dict[str, object] = {}
     if path.exists():
         try:
-            cached = json.loads(path.read_text())
-            entry = cached.get(key)
-            if isinstance(entry, dict):
-                table = CostTable(
-                    {
-                        p: {int(w): float(s) for w, s in row.items()}
-                        for p, row in entry["seconds"].items()
-                    },
-                    int(entry["threads"]),
-                )
-                table.fastest()  # a bad entry fails here, not later
-                return table
+            entries = json.loads(path.read_text())
+            if not isinstance(entries, dict):
+                raise ValueError("not a JSON object")
+            if key in entries:
+                return read(entries[key])
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as bad:
             log.warning("precision cache %s unreadable (%s); measuring again", path, bad)
-            cached = {}
-    table = measure(target, sizes)
+            entries = {}
+    value = measure_fresh()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(cached | {key: table.to_json()}, indent=1))
+        partial.write_text(json.dumps(entries | {key: write(value)}, indent=1))
         partial.replace(path)
     except OSError as unwritable:
         log.warning("precision cache %s not written (%s)", path, unwritable)
-    return table
+    return value
+
+
+def cost_table(target: CausalLM, sizes: tuple[int, ...], cache_dir: Path) -> CostTable:
+    """The cached table for this CPU and model, or a fresh measurement (then cached)."""
+
+    def read(entry: dict[str, Any]) -> CostTable:
+        seconds = {
+            p: {int(w): float(s) for w, s in row.items()} for p, row in entry["seconds"].items()
+        }
+        table = CostTable(seconds, int(entry["threads"]))
+        table.fastest()  # a bad entry fails here, not later
+        return table
+
+    return cached(
+        cache_dir, cache_key(target, sizes), lambda: measure(target, sizes), read, CostTable.to_json
+    )
+
+
+# (rows, queries) of the small attentions an engine runs: decoding alone and batched, and a
+# verified or drafted block; each over UPCAST_KEYS keys, a fresh length each repeat.
+UPCAST_SHAPES = ((1, 1), (8, 1), (64, 1), (1, 16), (8, 16))
+UPCAST_KEYS = 256
+
+
+def measure_upcast(target: CausalLM) -> dict[str, float]:
+    """Seconds of the target's small masked attention (SDPA) in bf16 and on fp32 copies: the
+    geometric mean over UPCAST_SHAPES of the fastest of REPEATS calls."""
+    c = target.config
+    logs = {"bf16": 0.0, "fp32": 0.0}
+    for rows, queries in UPCAST_SHAPES:
+        for work in logs:
+            samples = []
+            for repeat in range(REPEATS + 1):
+                keys = UPCAST_KEYS + repeat  # a new length, as every decoding step brings
+                q = torch.randn(rows, c.num_attention_heads, queries, c.head_dim).bfloat16()
+                k = torch.randn(rows, c.num_key_value_heads, keys, c.head_dim).bfloat16()
+                mask = torch.ones(rows, 1, queries, keys, dtype=torch.bool)  # [N, 1, T, L]
+                dtype = torch.float32 if work == "fp32" else torch.bfloat16
+                start = time.perf_counter()
+                F.scaled_dot_product_attention(
+                    q.to(dtype), k.to(dtype), k.to(dtype), attn_mask=mask, enable_gqa=True
+                ).bfloat16()  # [N, Hq, T, D]
+                samples.append(time.perf_counter() - start)
+            logs[work] += math.log(min(samples[1:])) / len(UPCAST_SHAPES)
+    return {work: math.exp(total) for work, total in logs.items()}
+
+
+def attention_upcast(target: CausalLM, cache_dir: Path) -> bool:
+    """Whether small masked bf16 attention is faster on fp32 copies on this CPU (cached)."""
+
+    def read(entry: dict[str, Any]) -> dict[str, float]:
+        return {"bf16": float(entry["bf16"]), "fp32": float(entry["fp32"])}
+
+    seconds = cached(
+        cache_dir,
+        cache_key(target, ("attention", *UPCAST_SHAPES)),
+        lambda: measure_upcast(target),
+        read,
+        lambda s: s,
+    )
+    upcast = seconds["fp32"] < seconds["bf16"]
+    log.info(
+        "small bf16 attention %s, from seconds %s", "in fp32" if upcast else "in bf16", seconds
+    )
+    return upcast

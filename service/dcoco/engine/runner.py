@@ -13,7 +13,8 @@ from dcoco.engine.kv_cache import CacheView, KVCache
 from dcoco.engine.scheduler import Move
 from dcoco.engine.sequence import Sequence
 from dcoco.model.causal_lm import CausalLM
-from dcoco.precision import ACTIVATIONS, apply_precision
+from dcoco.model.layers import set_attention_upcast
+from dcoco.precision import ACTIVATIONS, apply_precision, attention_upcast
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.spec.select import Candidates, Selection, select, token_ids
@@ -58,11 +59,14 @@ class ModelRunner:
             dtype,
         )
         target.rotary.reserve(capacity, dtype)
+        upcast = dtype == torch.bfloat16 and attention_upcast(target, cfg.cache_dir)
+        set_attention_upcast(target, upcast)
         self.feature_layers: tuple[int, ...] = cfg.feature_layers
         self.drafter_cache: KVCache | None = None
         if drafter is not None:
             d = drafter.config.model
             drafter.cast(dtype)
+            set_attention_upcast(drafter, upcast)
             self.drafter_cache = KVCache(
                 d.num_hidden_layers,
                 cfg.max_batch_size + 1,  # a spare slot for swaps (`Scheduler`)

@@ -164,7 +164,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (x * cos + rotated * sin).to(x.dtype)  # [N, H, T, D]
 
 
-# Masked bf16 attention over fewer queries than this runs in fp32 (`Attention.forward`).
+# Masked bf16 attention over fewer queries than this may run in fp32 (`Attention.forward`).
 UPCAST_BELOW = 128
 
 
@@ -187,6 +187,7 @@ class Attention(nn.Module):
         self.k_norm = norm(self.head_dim, cfg.rms_norm_eps)
         self.register_module("qkv_proj", None)  # the three projections in one, once fused
         self.widths = [q_dim, kv_dim, kv_dim]
+        self.upcast = True  # small masked bf16 attention in fp32 (`set_attention_upcast`)
 
     def fuse(self) -> None:
         """Merges q_proj, k_proj and v_proj into one linear, `qkv_proj` (`fuse_linears`)."""
@@ -218,12 +219,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """x [N, T, hidden] -> [N, T, hidden]. Without a KV source, plain causal self-attention.
 
-        Masked bf16 attention over few queries (decoding, verifying, drafting a block) runs in
-        fp32, whose kernels are native on every x86 CPU. In bf16 at these small shapes, matmuls
-        written out cost oneDNN a fresh kernel for each new key length, and SDPA is up to 6x
-        slower on CPUs without AMX. A plain int4 step on an AMX Xeon: 1.14x faster than the
-        bf16 matmuls this replaces (bf16 SDPA would be 1.3x there, but not elsewhere). Long
-        prefills and training's many blocks stay in bf16, where SDPA's kernels win.
+        Masked bf16 attention over few queries (decoding, verifying, drafting a block) runs
+        on fp32 copies unless `upcast` is off. Which is faster depends on the CPU: bf16 SDPA
+        at these shapes was up to 6x slower than fp32 on an AVX512_BF16 CPU without AMX, and
+        1.5x faster on one with AMX (a bf16 plain step at batch 64). Engines measure it
+        (`precision.attention_upcast`). Long prefills and training's many blocks stay in bf16.
         """
         n, t, _ = x.shape
         if self.qkv_proj is None:
@@ -235,8 +235,8 @@ class Attention(nn.Module):
         k, v = self._rotate_kv(k, v, cos, sin)  # [N, Hkv, T, D] each
         if kv is not None:
             k, v = kv(self.layer_idx, k, v)  # [N, Hkv, L, D] each
-        upcast = mask is not None and q.dtype == torch.bfloat16 and t < UPCAST_BELOW
-        work = torch.float32 if upcast else q.dtype
+        upcast = self.upcast and mask is not None and q.dtype == torch.bfloat16
+        work = torch.float32 if upcast and t < UPCAST_BELOW else q.dtype
         out = F.scaled_dot_product_attention(
             q.to(work),
             k.to(work),
@@ -246,6 +246,13 @@ class Attention(nn.Module):
             enable_gqa=True,
         ).to(q.dtype)  # [N, Hq, T, D]
         return self.o_proj(out.transpose(1, 2).reshape(n, t, self.heads * self.head_dim))
+
+
+def set_attention_upcast(model: nn.Module, upcast: bool) -> None:
+    """Sets whether every attention under `model` runs small masked bf16 attention in fp32."""
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.upcast = upcast
 
 
 class MLP(nn.Module):
