@@ -5,10 +5,9 @@ entries past it are masked out and overwritten by the next write. The last posit
 scratch cell where padded tokens write; it is never visible to a real query.
 
 A forward's rows usually hold consecutive slots (the scheduler keeps running sequences so),
-and a read is then one slice of the cache made contiguous: on CPU that copy is about 6x faster
-than gathering scattered rows, and the attention matmuls run 10x faster on it than on the
-strided slice itself. Rows that do not (a draft for some of the running sequences only) are
-gathered.
+and a read is then a view of the cache, with no copy: SDPA reads the strided slice as fast as
+a contiguous copy, and skipping the copy made steps 1.0-1.2x faster (int4, bf16 and fp32, AMX
+Xeon). Rows that do not (a draft for some of the running sequences only) are gathered.
 """
 
 from dataclasses import dataclass
@@ -69,8 +68,8 @@ class KVCache:
             k = self.k[layer, :, :, : view.length].index_select(0, view.slots)  # [N, Hkv, L, D]
             v = self.v[layer, :, :, : view.length].index_select(0, view.slots)  # [N, Hkv, L, D]
             return k, v
-        k = self.k[layer, view.span, :, : view.length].contiguous()  # [N, Hkv, L, D]
-        v = self.v[layer, view.span, :, : view.length].contiguous()  # [N, Hkv, L, D]
+        k = self.k[layer, view.span, :, : view.length]  # [N, Hkv, L, D], a view
+        v = self.v[layer, view.span, :, : view.length]  # [N, Hkv, L, D], a view
         return k, v
 
     def move(self, moves: list[Move]) -> None:
