@@ -14,8 +14,9 @@ from dcoco import precision
 from dcoco.engine.engine import Engine
 from dcoco.model.causal_lm import CausalLM
 from dcoco.model.layers import set_attention_upcast
-from dcoco.model.quant import DENSE_FROM, GROUP, Int4Linear, Int8Linear
+from dcoco.model.quant import DENSE_FROM, GROUP, Int4Linear, Int8Linear, quantized_linears
 from dcoco.precision import (
+    CROSSOVER_ROWS,
     UPCAST_SHAPES,
     WIDTHS,
     CostTable,
@@ -25,6 +26,7 @@ from dcoco.precision import (
     cache_key,
     cost_table,
     current_precision,
+    dense_crossover,
     widths,
 )
 from dcoco.shared.engine_config import EngineConfig
@@ -69,12 +71,15 @@ def test_int8_is_close_per_channel_and_keeps_leading_shapes() -> None:
 
 @pytest.mark.parametrize("kind", [Int8Linear, Int4Linear])
 def test_many_rows_take_the_dense_weights_and_agree(kind: type[Int8Linear | Int4Linear]) -> None:
-    """From DENSE_FROM rows on, the same weights dequantized to bf16 multiply instead."""
+    """From `dense_from` rows on, the same weights dequantized to bf16 multiply instead."""
     weight, _ = q4_1_grid(64, 96)  # [N, K]
     linear = kind(weight)
-    x = torch.randn(DENSE_FROM + 3, 96).bfloat16()  # [M, K]
-    few = torch.cat([linear(x[:8]), linear(x[8:16]), linear(x[16:])])  # [M, N], quantized
+    assert linear.dense_from == DENSE_FROM  # until an engine measures it
+    linear.dense_from = 9
+    x = torch.randn(12, 96).bfloat16()  # [M, K]
+    few = torch.cat([linear(x[:8]), linear(x[8:])])  # [M, N], quantized
     many = linear(x)  # [M, N], dense
+    torch.testing.assert_close(many, F.linear(x, linear.dense))
     torch.testing.assert_close(many, few, rtol=0, atol=3e-2)
 
 
@@ -222,6 +227,7 @@ def test_the_attention_choice_is_measured_once_cached_and_applied_by_engines(
         cached[key] = {"bf16": bf16_seconds, "fp32": 0.75}
         cache_file(tmp_path).write_text(json.dumps(cached))
         engine = Engine(copy.deepcopy(target), make_drafter(target), cfg)
+        assert engine.runner.drafter is not None
         models = (engine.runner.target, engine.runner.drafter)
         flags = {m.upcast for model in models for m in model.modules() if hasattr(m, "upcast")}
         assert flags == {upcast}
@@ -236,3 +242,44 @@ def test_the_attention_choice_is_measured_once_cached_and_applied_by_engines(
         assert attention_upcast(target, tmp_path) in (True, False)
     assert "unreadable" in caplog.text
     assert key in json.loads(cache_file(tmp_path).read_text())
+
+
+def test_the_dense_crossover_is_measured_once_cached_and_applied_by_engines(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = make_target(hidden=64, vocab=64)
+    quantized = copy.deepcopy(target)
+    apply_precision(quantized, Precision.INT4)
+    dense_crossover(quantized, tmp_path)
+    key = cache_key(quantized, ("dense", "int4", CROSSOVER_ROWS))
+    entry = json.loads(cache_file(tmp_path).read_text())[key]
+    assert set(entry) == {"layers", "head"}
+    allowed = {*CROSSOVER_ROWS, CROSSOVER_ROWS[-1] + 1}
+    assert {linear.dense_from for linear in quantized_linears(quantized)} <= allowed
+
+    def fail(_: CausalLM) -> dict[str, int]:
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(precision, "measure_crossover", fail)
+    cached = json.loads(cache_file(tmp_path).read_text())
+    cached[key] = {"layers": 5, "head": 3}
+    cache_file(tmp_path).write_text(json.dumps(cached))
+    cfg = EngineConfig(
+        mode=Mode.VANILLA,
+        max_batch_size=2,
+        max_model_len=32,
+        precision=Precision.INT4,
+        cache_dir=tmp_path,
+    )
+    engine = Engine(copy.deepcopy(target), None, cfg)
+    served = engine.runner.target
+    assert {m.dense_from for m in quantized_linears(served.model.layers)} == {5}
+    assert served.lm_head.dense_from == 3
+
+    monkeypatch.undo()
+    cached[key] = {"layers": "many"}
+    cache_file(tmp_path).write_text(json.dumps(cached))
+    with caplog.at_level(logging.WARNING):
+        dense_crossover(quantized, tmp_path)
+    assert "unreadable" in caplog.text
+    assert json.loads(cache_file(tmp_path).read_text())[key]["layers"] in allowed

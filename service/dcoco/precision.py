@@ -9,7 +9,8 @@ steps and verifications weigh alike). The table is cached per CPU, torch build, 
 and model shape, so later starts read it; a cache that cannot be read is measured afresh.
 
 Engines with bf16 activations also measure, once per CPU and model and cached alike, whether
-their small masked attention runs faster on fp32 copies (`attention_upcast`).
+their small masked attention runs faster on fp32 copies (`attention_upcast`), and quantized
+ones from how many rows each weight shape multiplies faster dequantized (`dense_crossover`).
 """
 
 import copy
@@ -28,7 +29,12 @@ import torch
 import torch.nn.functional as F
 
 from dcoco.model.causal_lm import CausalLM
-from dcoco.model.quant import Int4Linear, Int8Linear, quantize_linears
+from dcoco.model.quant import (
+    Int4Linear,
+    Int8Linear,
+    quantize_linears,
+    quantized_linears,
+)
 from dcoco.shared.options import Precision
 
 log = logging.getLogger(__name__)
@@ -244,3 +250,62 @@ def attention_upcast(target: CausalLM, cache_dir: Path) -> bool:
         "small bf16 attention %s, from seconds %s", "in fp32" if upcast else "in bf16", seconds
     )
     return upcast
+
+
+# Rows at which the quantized kernels and the dense bf16 matmuls are timed against each other.
+CROSSOVER_ROWS = (1, 2, 4, 8, 12, 16, 24, 32)
+
+
+def measure_crossover(target: CausalLM) -> dict[str, int]:
+    """The fewest rows from which dense bf16 matmuls beat the quantized kernels at every
+    measured row count (above CROSSOVER_ROWS when they never do), for the decoder layers
+    ("layers") and the LM head ("head"). Whole forwards are timed, so weights stream from
+    memory as they do when serving rather than sitting in a cache."""
+    parts = {"layers": quantized_linears(target.model.layers), "head": quantized_linears(target)}
+    parts["head"] = [m for m in parts["head"] if m not in parts["layers"]]
+    faster: dict[str, list[bool]] = {name: [] for name in parts}
+    for rows in CROSSOVER_ROWS:
+        ids = torch.zeros(1, rows, dtype=torch.long)  # [1, T]
+        positions = torch.arange(rows).unsqueeze(0)  # [1, T]
+        seconds: dict[tuple[str, bool], float] = {}
+        for dense in (True, False):
+            for linear in parts["layers"] + parts["head"]:
+                linear.dense_from = 0 if dense else rows + 1
+            samples: dict[str, list[float]] = {"layers": [], "head": []}
+            with torch.inference_mode():
+                for _ in range(REPEATS + 1):
+                    start = time.perf_counter()
+                    hidden, _ = target(ids, positions)  # [1, T, H]
+                    middle = time.perf_counter()
+                    target.logits(hidden)  # [1, T, V]
+                    samples["layers"].append(middle - start)
+                    samples["head"].append(time.perf_counter() - middle)
+            for name, times in samples.items():
+                seconds[name, dense] = min(times[1:])
+        for name in parts:
+            faster[name].append(seconds[name, True] <= seconds[name, False])
+    return {
+        name: next(
+            (r for i, r in enumerate(CROSSOVER_ROWS) if all(flags[i:])), CROSSOVER_ROWS[-1] + 1
+        )
+        for name, flags in faster.items()
+    }
+
+
+def dense_crossover(target: CausalLM, cache_dir: Path) -> None:
+    """Sets every quantized linear of `target` to switch to its dense weights where that is
+    faster on this CPU (`measure_crossover`, cached)."""
+    if not quantized_linears(target):
+        return
+
+    def read(entry: dict[str, Any]) -> dict[str, int]:
+        return {"layers": int(entry["layers"]), "head": int(entry["head"])}
+
+    settings = ("dense", current_precision(target).value, CROSSOVER_ROWS)
+    crossover = cached(
+        cache_dir, cache_key(target, settings), lambda: measure_crossover(target), read, dict
+    )
+    layers = quantized_linears(target.model.layers)
+    for linear in quantized_linears(target):
+        linear.dense_from = crossover["layers" if linear in layers else "head"]
+    log.info("quantized linears multiply dense from rows %s", crossover)

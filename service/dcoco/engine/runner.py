@@ -14,7 +14,7 @@ from dcoco.engine.scheduler import Move
 from dcoco.engine.sequence import Sequence
 from dcoco.model.causal_lm import CausalLM
 from dcoco.model.layers import set_attention_upcast
-from dcoco.precision import ACTIVATIONS, apply_precision, attention_upcast
+from dcoco.precision import ACTIVATIONS, apply_precision, attention_upcast, dense_crossover
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.spec.select import Candidates, Selection, select, token_ids
@@ -50,6 +50,7 @@ class ModelRunner:
         capacity = max_model_len + block + 2  # a verify block past the end, plus scratch
         t = target.config
         apply_precision(target, cfg.precision)  # in place: the models belong to this engine now
+        dense_crossover(target, cfg.cache_dir)
         self.target_cache = KVCache(
             t.num_hidden_layers,
             cfg.max_batch_size + 1,  # a spare slot for swaps (`Scheduler`)

@@ -10,9 +10,12 @@ Activations stay bf16: both kernels are fast only there (int4 with fp32 activati
 slower). The LM head is int8 in both modes (it ships as Q8_0); the embedding it may be tied to
 stays as it was, since lookups need whole rows.
 
-Both kernels are built for a few rows: from DENSE_FROM rows on (prefills, wide verifications)
-bf16 matmuls over the same weights, dequantized, are 2-4x faster, so each linear also keeps
-them in bf16 and switches. Decoding reads only the quantized bytes; memory holds both.
+Both kernels are built for a few rows: from `dense_from` rows on (prefills, wide
+verifications) bf16 matmuls over the same weights, dequantized, are faster, so each linear also
+keeps them in bf16 and switches. Decoding reads only the quantized bytes; memory holds both.
+Where the switch pays depends on the CPU (with AMX a 16-row bf16 matmul costs what a 1-row one
+does) and on the kernel: engines measure it (`precision.dense_crossover`);
+DENSE_FROM is the default until then.
 """
 
 import torch
@@ -20,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 GROUP = 32  # int4 input channels per scale: Q4_1's block
-DENSE_FROM = 17  # rows from which a forward multiplies the dequantized bf16 weights
+DENSE_FROM = 17  # rows from which a forward multiplies the dequantized bf16 weights, unmeasured
 TINY = 1e-12  # the smallest scale: an all-zero row or group quantizes to zeros
 
 
@@ -37,10 +40,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight", (w / scale[:, None]).round().to(torch.int8))  # [N, K]
         self.register_buffer("scale", scale.bfloat16())  # [N]
         self.register_buffer("dense", (self.weight * self.scale[:, None]).bfloat16())  # [N, K]
+        self.dense_from = DENSE_FROM
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K] bf16
-        if flat.shape[0] >= DENSE_FROM:
+        if flat.shape[0] >= self.dense_from:
             return F.linear(x, self.dense)  # [..., N]
         out = torch._weight_int8pack_mm(flat, self.weight, self.scale)  # [M, N]
         return out.view(*x.shape[:-1], out.shape[-1])  # [..., N]
@@ -74,10 +78,11 @@ class Int4Linear(nn.Module):
         dense = (levels - 8) * scale[..., None] + zero[..., None]  # [N, G, 32]
         self.register_buffer("dense", dense.view(n, k).bfloat16())  # [N, K]
         self.out_features = n
+        self.dense_from = DENSE_FROM
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K] bf16
-        if flat.shape[0] >= DENSE_FROM:
+        if flat.shape[0] >= self.dense_from:
             return F.linear(x, self.dense)  # [..., N]
         out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scale_zero)
         return out.view(*x.shape[:-1], self.out_features)  # [..., N]
@@ -93,3 +98,7 @@ def quantize_linears(module: nn.Module, bits: int) -> None:
             setattr(module, name, kind(child.weight))
         else:
             quantize_linears(child, bits)
+
+
+def quantized_linears(module: nn.Module) -> list[Int8Linear | Int4Linear]:
+    return [m for m in module.modules() if isinstance(m, Int8Linear | Int4Linear)]
