@@ -184,6 +184,18 @@ def test_auto_measures_once_caches_and_survives_a_corrupt_cache(
     assert json.loads(cache_file(tmp_path).read_text())  # rewritten whole
 
 
+def small_engine(mode: Mode, chosen: Precision, cache_dir: Path) -> EngineConfig:
+    return EngineConfig(
+        mode=mode, max_batch_size=2, max_model_len=32, precision=chosen, cache_dir=cache_dir
+    )
+
+
+def put_entry(cache_dir: Path, key: str, entry: dict[str, object]) -> None:
+    """Replaces one entry of the measurement cache, as another start would have written it."""
+    cached = json.loads(cache_file(cache_dir).read_text())
+    cache_file(cache_dir).write_text(json.dumps(cached | {key: entry}))
+
+
 def test_small_bf16_attention_in_fp32_or_bf16_gives_the_same_answer_within_rounding() -> None:
     target = make_target(hidden=64, vocab=64).bfloat16()
     ids = torch.randint(0, 64, (2, 5))  # [N, T]
@@ -215,17 +227,9 @@ def test_the_attention_choice_is_measured_once_cached_and_applied_by_engines(
         raise AssertionError("measured again")
 
     monkeypatch.setattr(precision, "measure_upcast", fail)
-    cfg = EngineConfig(
-        mode=Mode.DCOCO,
-        max_batch_size=2,
-        max_model_len=32,
-        precision=Precision.BF16,
-        cache_dir=tmp_path,
-    )
+    cfg = small_engine(Mode.DCOCO, Precision.BF16, tmp_path)
     for bf16_seconds, upcast in ((1.0, True), (0.5, False)):
-        cached = json.loads(cache_file(tmp_path).read_text())
-        cached[key] = {"bf16": bf16_seconds, "fp32": 0.75}
-        cache_file(tmp_path).write_text(json.dumps(cached))
+        put_entry(tmp_path, key, {"bf16": bf16_seconds, "fp32": 0.75})
         engine = Engine(copy.deepcopy(target), make_drafter(target), cfg)
         assert engine.runner.drafter is not None
         models = (engine.runner.target, engine.runner.drafter)
@@ -261,24 +265,16 @@ def test_the_dense_crossover_is_measured_once_cached_and_applied_by_engines(
         raise AssertionError("measured again")
 
     monkeypatch.setattr(precision, "measure_crossover", fail)
-    cached = json.loads(cache_file(tmp_path).read_text())
-    cached[key] = {"layers": 5, "head": 3}
-    cache_file(tmp_path).write_text(json.dumps(cached))
-    cfg = EngineConfig(
-        mode=Mode.VANILLA,
-        max_batch_size=2,
-        max_model_len=32,
-        precision=Precision.INT4,
-        cache_dir=tmp_path,
+    put_entry(tmp_path, key, {"layers": 5, "head": 3})
+    engine = Engine(
+        copy.deepcopy(target), None, small_engine(Mode.VANILLA, Precision.INT4, tmp_path)
     )
-    engine = Engine(copy.deepcopy(target), None, cfg)
     served = engine.runner.target
     assert {m.dense_from for m in quantized_linears(served.model.layers)} == {5}
     assert served.lm_head.dense_from == 3
 
     monkeypatch.undo()
-    cached[key] = {"layers": "many"}
-    cache_file(tmp_path).write_text(json.dumps(cached))
+    put_entry(tmp_path, key, {"layers": "many"})
     with caplog.at_level(logging.WARNING):
         dense_crossover(quantized, tmp_path)
     assert "unreadable" in caplog.text
