@@ -69,15 +69,16 @@ def test_a_short_accepted_prefix_verifies_a_short_prefix() -> None:
     assert 1 <= planner.choose(16) <= 4
 
 
-def test_it_verifies_the_whole_block_now_and_then_for_a_bounded_share_of_the_time() -> None:
+def test_it_tries_deeper_now_and_then_for_a_bounded_share_of_the_time() -> None:
+    """Nothing is accepted: a try verifies slot 0 only, the one slot rows reach."""
     planner = VerifyPlanner(block=8)
     trained(planner, rows=32, accepted=0, seconds_per_token=1e-3)
-    choices = [planner.choose(32) for _ in range(400)]
-    explored = choices.count(8)
+    choices = [planner.choose(32) for _ in range(1000)]
+    explored = choices.count(1)
     assert explored >= 2
-    assert choices.count(0) == 400 - explored
-    extra = explored * (planner.cost(32, 8) - planner.cost(32, 0))
-    assert extra <= EXPLORE_SHARE * sum(planner.cost(32, k) for k in choices)
+    assert choices.count(0) == 1000 - explored
+    extra = explored * (planner.cost(32, 1) - planner.cost(32, 0))
+    assert extra <= EXPLORE_SHARE * sum(planner.cost(32, k) for k in choices) * 1.01
 
 
 def test_cheap_exploration_happens_often() -> None:
@@ -85,7 +86,39 @@ def test_cheap_exploration_happens_often() -> None:
     trained(planner, rows=1, accepted=0, seconds_per_token=1e-5)
     choices = [planner.choose(1) for _ in range(100)]
     assert choices.count(0) > 0
-    assert choices.count(8) >= 10
+    assert choices.count(1) >= 10
+
+
+def test_a_try_goes_as_deep_as_rows_often_reach() -> None:
+    """Two slots always held, the third never: rows reach slot 2 and seldom slot 3."""
+    planner = VerifyPlanner(block=8)
+    trained(planner, rows=1, accepted=2, seconds_per_token=1e-3)
+    choices = [planner.choose(1) for _ in range(500)]
+    assert set(choices) == {0, 2, 3}  # the best k, tries that verify slot 2 too, plain tries
+    assert choices.count(2) > 450
+
+
+def test_where_speculation_wins_a_try_is_a_plain_step() -> None:
+    planner = VerifyPlanner(block=8)
+    trained(planner, rows=1, accepted=8, seconds_per_token=1e-4)
+    choices = [planner.choose(1) for _ in range(500)]
+    assert 0 < choices.count(0) < 25
+    assert choices.count(8) == 500 - choices.count(0)
+
+
+def test_one_slow_plain_step_does_not_keep_it_speculating_where_plain_is_faster() -> None:
+    """The first plain step is measured at 4x its cost; every drafted token is rejected, so
+    speculating only loses. Plain steps must win back, though speculation looked better."""
+    planner = VerifyPlanner(block=8)
+    planner.observe(1, 8, [0], 0.010, 0.060)
+    planner.observe(1, 0, [], 0.0, 0.100)  # a plain step really costs 0.025 s
+    choices = []
+    for _ in range(2000):
+        k = planner.choose(1)
+        choices.append(k)
+        planner.observe(1, k, [0] if k else [], 0.010 if k else 0.0, 0.025 + 0.004 * k)
+    assert choices[0] > 0  # speculating first, misled
+    assert choices[-500:].count(0) > 480
 
 
 def test_adaptive_greedy_output_is_token_for_token_the_targets(pair: Pair) -> None:

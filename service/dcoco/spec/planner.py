@@ -17,17 +17,25 @@ expected committed tokens per second of the whole batch:
   the drafter.
 
 On a small machine a wide batch makes verification expensive, so k shrinks as load grows. Now and
-then a cycle verifies the whole block anyway, so that the estimates for deep slots, and the cost
-fit, keep learning: as soon as what it costs beyond the best k is at most EXPLORE_SHARE of the
-predicted time of the cycles since the last one. Exploring is thus nearly free at batch 1 and
-rare at batch 32, and never takes more than about that share of the time. The estimates are per
-engine, one model.
+then a cycle tries another k, so that the estimates, and the cost curve, keep learning: as soon
+as the seconds it loses against the best k (for the tokens it commits) are at most EXPLORE_SHARE
+of the predicted time of the cycles since the last try. The tries take turns:
+- deeper: every slot a row reaches at least REACH_FLOOR of the time by the current estimates (at
+  least one beyond the best k). Slots rows seldom reach would get few verifications to learn
+  from, so where acceptance is low a try is short and cheap, and where it is high it covers the
+  whole block;
+- a plain step, while speculation wins: else one slow plain step measured early (a page fault,
+  another process) would make speculation look better for good.
+Exploring is thus nearly free at batch 1 and rare at batch 32, and takes about that share of the
+time at most. The estimates are per engine, one model.
 """
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 DECAY = 0.98  # weight of the past per observation: estimates follow the last ~50 cycles
-EXPLORE_SHARE = 0.05  # of the time, at most, spent verifying the whole block to keep learning
+EXPLORE_SHARE = 0.02  # of the time, at most, lost to trying another k than the best
+REACH_FLOOR = 0.05  # an exploration verifies the slots rows reach at least this often
 PRIOR_TRIALS = 4.0  # each slot starts at a 50% acceptance rate worth this many verifications
 
 
@@ -106,6 +114,7 @@ class VerifyPlanner:
     verify_cost: CostCurve = field(default_factory=CostCurve)  # seconds by n * (k + 1)
     fixed_cost: LineFit = field(default_factory=LineFit)  # seconds against n
     banked_s: float = 0.0  # predicted seconds of the cycles since the last exploration
+    probes: int = 0  # explorations so far
 
     def __post_init__(self) -> None:
         self.hits = [PRIOR_TRIALS / 2] * self.block
@@ -115,22 +124,33 @@ class VerifyPlanner:
         """k for the next cycle of `rows` sequences."""
         if self.verify_cost.weight == 0:
             return self.block
-        survive, expected, best_k, best_rate = 1.0, 1.0, 0, 0.0
-        for k in range(self.block + 1):
-            if k:
-                survive *= self.hits[k - 1] / self.trials[k - 1]
-                expected += survive
-            rate = rows * expected / max(self.cost(rows, k), 1e-9)
-            if rate > best_rate:
-                best_k, best_rate = k, rate
-        best_s = self.cost(rows, best_k)
-        self.banked_s += best_s
-        if exploring_allowed and self.cost(rows, self.block) - best_s <= (
-            EXPLORE_SHARE * self.banked_s
-        ):
-            self.banked_s = 0.0
-            return self.block
-        return best_k
+        committed = list(accumulate(self.reach()))  # [B + 1]: tokens a k-cycle commits per row
+        rates = [rows * committed[k] / max(self.cost(rows, k), 1e-9) for k in range(self.block + 1)]
+        best_k = max(range(self.block + 1), key=rates.__getitem__)  # the first of equals
+        self.banked_s += self.cost(rows, best_k)
+        probe = self._probe(best_k)
+        if probe is None or not exploring_allowed:
+            return best_k
+        lost_s = self.cost(rows, probe) - rows * committed[probe] / rates[best_k]
+        if lost_s > EXPLORE_SHARE * self.banked_s:
+            return best_k
+        self.banked_s = 0.0
+        self.probes += 1
+        return probe
+
+    def _probe(self, best_k: int) -> int | None:
+        """The k the next exploration tries: deeper and plain in turns (module docstring)."""
+        deep = sum(1 for chance in self.reach()[: self.block] if chance >= REACH_FLOOR)
+        turns = [k for k in (min(self.block, max(best_k + 1, deep)), 0) if k != best_k]
+        return turns[self.probes % len(turns)] if turns else None
+
+    def reach(self) -> list[float]:
+        """[B + 1]: the estimated chance that a row's drafted slots 0..p-1 all hold, so that it
+        reaches slot p (1 at p = 0); sum(reach[:k + 1]) is the tokens a k-cycle commits."""
+        chances = [1.0]
+        for hits, trials in zip(self.hits, self.trials, strict=True):
+            chances.append(chances[-1] * hits / trials)
+        return chances
 
     def start_from(self, seconds: dict[int, float]) -> None:
         """Seeds the verify-cost fit with measured forwards: tokens in the forward -> seconds."""
