@@ -1,6 +1,9 @@
 """What the routes depend on, as FastAPI dependencies: the app's services, the caller (an API
 key, when keys are on), and admission under the caller's rate and concurrency limits, held until
-the response, a whole stream included, has been sent."""
+the response, a whole stream included, has been sent.
+
+Every dependency is a coroutine, though `services` and `caller` never wait: FastAPI runs a plain
+function on its thread pool, a thread hop in front of every request for each."""
 
 import contextlib
 import time
@@ -21,7 +24,7 @@ BEARER = HTTPBearer(
 )
 
 
-def services(request: Request) -> Services:
+async def services(request: Request) -> Services:
     found = request.app.state.services
     assert isinstance(found, Services)
     return found
@@ -30,7 +33,7 @@ def services(request: Request) -> Services:
 ServicesDep = Annotated[Services, Depends(services)]
 
 
-def caller(
+async def caller(
     request: Request,
     app: ServicesDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],

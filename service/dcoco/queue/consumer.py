@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from dcoco.queue import keys, scripts
 from dcoco.queue.connection import stream_entries
@@ -128,17 +129,34 @@ class WorkerQueue:
 
     async def append(self, writes: list[tuple[Ownership, Event | None, str]]) -> list[bool]:
         """Fenced writes in one round trip: (owner, event or None, entry id to acknowledge or
-        ''). Returns, per write, whether this worker still owned the request."""
+        ''). Returns, per write, whether this worker still owned the request.
+
+        The script runs by its SHA: redis-py would otherwise ask Redis whether a pipeline's
+        scripts exist before each one, a second round trip per flush. A Redis that lost the
+        script (restarted) refuses every write of the batch, so it is loaded and the batch sent
+        again."""
+        try:
+            return await self._append_batch(writes)
+        except NoScriptError:
+            await self.redis.script_load(scripts.APPEND)
+            return await self._append_batch(writes)
+
+    async def _append_batch(self, writes: list[tuple[Ownership, Event | None, str]]) -> list[bool]:
         async with self.redis.pipeline(transaction=False) as pipe:
             for owned, event, entry_id in writes:
-                request_keys = [
+                body = event.model_dump_json(exclude_defaults=True) if event else ""
+                pipe.evalsha(
+                    self._append.sha,
+                    3,
                     keys.owner(owned.request_id),
                     keys.response(owned.request_id),
                     self.stream,
-                ]
-                body = event.model_dump_json(exclude_defaults=True) if event else ""
-                args: list[Any] = [owned.token, keys.RESPONSE_TTL_S, body, keys.GROUP, entry_id]
-                await self._append(keys=request_keys, args=args, client=pipe)
+                    owned.token,
+                    keys.RESPONSE_TTL_S,
+                    body,
+                    keys.GROUP,
+                    entry_id,
+                )
             return [bool(ok) for ok in await pipe.execute()]
 
     async def drop(self, entry_id: str) -> None:
