@@ -167,6 +167,8 @@ def test_auto_measures_once_caches_and_survives_a_corrupt_cache(
     assert tuple(engine.costs.seconds["fp32"]) == WIDTHS
     cached = json.loads(cache_file(tmp_path).read_text())
     assert sum("seconds" in entry for entry in cached.values()) == 1  # besides attention's
+    for kind in ("int8", "int4"):  # timed with the kernels their engines run
+        assert cache_key(target, ("dense", kind, CROSSOVER_ROWS)) in cached
 
     # Another batch size (or mode) reads the same entry: one choice per CPU and model.
     wider = Engine(

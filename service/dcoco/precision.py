@@ -108,12 +108,14 @@ def widths(limit: int) -> tuple[int, ...]:
 WIDTHS = widths(32)
 
 
-def measure(target: CausalLM, sizes: tuple[int, ...]) -> CostTable:
-    """Times forwards of each precision on copies of `target` (which is left as it is)."""
+def measure(target: CausalLM, sizes: tuple[int, ...], cache_dir: Path) -> CostTable:
+    """Times forwards of each precision on copies of `target` (which is left as it is), each
+    with the kernels an engine of that precision runs (`dense_crossover`)."""
     seconds: dict[str, dict[int, float]] = {}
     for precision in MEASURED:
         model = copy.deepcopy(target)
         apply_precision(model, precision)
+        dense_crossover(model, cache_dir)
         row: dict[int, float] = {}
         for width in sizes:
             ids = torch.zeros(1, width, dtype=torch.long)  # [1, T]
@@ -155,6 +157,9 @@ def cache_key(target: CausalLM, settings: tuple[object, ...]) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
+UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError)
+
+
 def cached(
     cache_dir: Path,
     key: str,
@@ -163,20 +168,20 @@ def cached(
     write: Callable[[T], object],
 ) -> T:
     """The entry `key` of this CPU's cache file read back with `read`, or `measure_fresh()`
-    stored with `write`. An entry that cannot be read is measured afresh, with a warning."""
+    stored with `write`. An entry that cannot be read is measured afresh, with a warning. The
+    file is read again before the write: a measurement may store entries of its own."""
     path = cache_file(cache_dir)
-    entries: dict[str, object] = {}
-    if path.exists():
-        try:
-            entries = json.loads(path.read_text())
-            if not isinstance(entries, dict):
-                raise ValueError("not a JSON object")
-            if key in entries:
-                return read(entries[key])
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as bad:
-            log.warning("precision cache %s unreadable (%s); measuring again", path, bad)
-            entries = {}
+    try:
+        entries = _entries(path)
+        if key in entries:
+            return read(entries[key])
+    except UNREADABLE as bad:
+        log.warning("precision cache %s unreadable (%s); measuring again", path, bad)
     value = measure_fresh()
+    try:
+        entries = _entries(path)
+    except UNREADABLE:
+        entries = {}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
@@ -185,6 +190,16 @@ def cached(
     except OSError as unwritable:
         log.warning("precision cache %s not written (%s)", path, unwritable)
     return value
+
+
+def _entries(path: Path) -> dict[str, object]:
+    """The cache file's entries, {} before the first; raises if the file is corrupt."""
+    if not path.exists():
+        return {}
+    entries = json.loads(path.read_text())
+    if not isinstance(entries, dict):
+        raise ValueError("not a JSON object")
+    return entries
 
 
 def cost_table(target: CausalLM, sizes: tuple[int, ...], cache_dir: Path) -> CostTable:
@@ -199,7 +214,11 @@ def cost_table(target: CausalLM, sizes: tuple[int, ...], cache_dir: Path) -> Cos
         return table
 
     return cached(
-        cache_dir, cache_key(target, sizes), lambda: measure(target, sizes), read, CostTable.to_json
+        cache_dir,
+        cache_key(target, ("crossover", sizes)),
+        lambda: measure(target, sizes, cache_dir),
+        read,
+        CostTable.to_json,
     )
 
 
