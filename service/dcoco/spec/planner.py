@@ -124,11 +124,12 @@ class VerifyPlanner:
         """k for the next cycle of `rows` sequences."""
         if self.verify_cost.weight == 0:
             return self.block
-        committed = list(accumulate(self.reach()))  # [B + 1]: tokens a k-cycle commits per row
+        reach = self.reach()
+        committed = list(accumulate(reach))  # [B + 1]: tokens a k-cycle commits per row
         rates = [rows * committed[k] / max(self.cost(rows, k), 1e-9) for k in range(self.block + 1)]
         best_k = max(range(self.block + 1), key=rates.__getitem__)  # the first of equals
         self.banked_s += self.cost(rows, best_k)
-        probe = self._probe(best_k)
+        probe = self._probe(best_k, reach)
         if probe is None or not exploring_allowed:
             return best_k
         lost_s = self.cost(rows, probe) - rows * committed[probe] / rates[best_k]
@@ -138,9 +139,9 @@ class VerifyPlanner:
         self.probes += 1
         return probe
 
-    def _probe(self, best_k: int) -> int | None:
+    def _probe(self, best_k: int, reach: list[float]) -> int | None:
         """The k the next exploration tries: deeper and plain in turns (module docstring)."""
-        deep = sum(1 for chance in self.reach()[: self.block] if chance >= REACH_FLOOR)
+        deep = sum(1 for chance in reach[: self.block] if chance >= REACH_FLOOR)
         turns = [k for k in (min(self.block, max(best_k + 1, deep)), 0) if k != best_k]
         return turns[self.probes % len(turns)] if turns else None
 
