@@ -253,23 +253,21 @@ def test_large_bodies_do_not_delay_a_small_request(stack: Stack) -> None:
     assert server_errors(stack) == 0
 
 
-def test_bodies_that_take_long_to_tokenize_queue_behind_each_other_not_small_requests(
+def test_bodies_that_take_long_to_tokenize_do_not_delay_small_requests(
     stack: Stack,
 ) -> None:
-    """Bodies the bound lets through (a model with a 100k context) but that take a third of a
-    second each to tokenize: they go through the large lane one at a time."""
+    """Bodies the bound lets through (a model with a 100k context) but that take a fifth to a
+    third of a second each to tokenize: they are tokenized (in the large lane, whose ordering
+    tests/test_gateway_lanes.py shows) and a small request never waits for them."""
     client = stack.redis.client()
     card = json.loads(client.get(keys.model_card(MODEL)) or "{}")
     wide = card | {"name": "wide", "max_model_len": 100_000}
     client.set(keys.model_card("wide"), json.dumps(wide))
     client.sadd(keys.MODELS, "wide")
-    started = time.monotonic()
     idle, loaded, replies = alongside_uploads(stack, "wide", 25_000, 6)
-    took = time.monotonic() - started
     assert [status for status, _ in replies] == [400] * 6
     assert {error["code"] for _, error in replies} == {"context_length_exceeded"}
     assert "at least" not in replies[0][1]["message"]  # tokenized: the bound let it through
     assert statistics.median(loaded) < 2 * idle + 0.05
     assert max(loaded) < 1.0  # it never waited for a tokenizing thread
-    assert took > 1.0  # six tokenizations one after another (about 0.3 s each)
     assert server_errors(stack) == 0
