@@ -32,6 +32,13 @@ RUN pip install ".[engine,train]" \
     && dcoco convert --out /models/smollm2/target
 
 FROM torch
+# g++ for the compiled layers (DCOCO_COMPILE): inductor builds their kernels when the worker
+# starts; without it the worker serves with the eager layers.
+# (DL3008: Debian's g++ of the base's release)
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 # hadolint ignore=DL3013
 RUN pip install ".[engine,serve]" \
     && rm -rf service build \

@@ -24,6 +24,7 @@ class Script:
     per_chunk_usage: bool = False  # accepts stream_options.continuous_usage_stats
     models_reply: str = "json"  # "json", "html" or "404"
     metrics_answers: int | None = None  # /metrics answers 500 after this many
+    compiling_scrapes: int = 0  # /metrics says the layers compile for this many scrapes
 
 
 COUNTERS = {
@@ -42,6 +43,7 @@ class ScriptedServer:
         self.cycles = self.drafted = self.accepted = 0.0
         self.port = 0
         self.scrapes = 0
+        self.scrapes_before_chat: int | None = None  # at the first chat request
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
@@ -89,6 +91,8 @@ class ScriptedServer:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.bodies.append(body)
+        if self.scrapes_before_chat is None:
+            self.scrapes_before_chat = self.scrapes
         continuous = body.get("stream_options", {}).get("continuous_usage_stats", False)
         if continuous and not self.script.per_chunk_usage:
             error = {"message": "stream_options.continuous_usage_stats: unknown parameter"}
@@ -148,6 +152,14 @@ class ScriptedServer:
                             (accepted, self.accepted)):  # fmt: skip
             base = name.removesuffix("_total")
             lines += [f"# TYPE {base} counter", f'{name}{{model="{self.script.model}"}} {value}']
+        ready = 2 if self.scrapes > self.script.compiling_scrapes else 1
+        lines += [
+            "# TYPE dcoco_engine_compiled_shapes gauge",
+            f'dcoco_engine_compiled_shapes{{model="{self.script.model}",part="target",'
+            'state="planned"} 2.0',
+            f'dcoco_engine_compiled_shapes{{model="{self.script.model}",part="target",'
+            f'state="ready"}} {ready}.0',
+        ]
         return web.Response(text="\n".join(lines) + "\n")
 
 

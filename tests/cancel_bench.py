@@ -6,9 +6,10 @@ it is generating, then cut by closing its connection. The latency of one cancel 
 moment the client closed its socket to the moment the worker, having aborted the engine
 request, wrote the request's `cancelled` event: the time in that event's stream entry id
 (Redis's clock, the same machine's). It covers the gateway noticing the disconnect, the cancel
-flag, the worker's poll for it, the abort between two engine cycles, and the write. The last
-column is the first part alone: from the close to the cancel flag the gateway set. A stream
-that ended on its own before its cancel arrived (a short answer) is counted apart.
+flag and its notice, the worker hearing it, the abort between two engine cycles, and the write.
+The last
+column is the first part alone: from the close to the cancel flag the gateway set. A stream that
+ended on its own before its cancel arrived (a short answer) is counted apart.
 
     .venv/bin/python tests/cancel_bench.py [--load 8] [--cancels 100] [--out docs/cancel.md]
 

@@ -1,8 +1,12 @@
 """The parts of `make bench-core` on a small random target: what they measure, not how fast."""
 
 import copy
+import sys
+from pathlib import Path
 
-from dcoco.bench.core_parts import gaps, plain_rates, weight_bytes
+import pytest
+
+from dcoco.bench.core_parts import gaps, plain_rates, time_llama, weight_bytes
 from dcoco.shared.options import Precision
 from factories import make_target
 
@@ -21,8 +25,11 @@ def test_plain_rate_and_the_gaps_of_a_joining_prompt() -> None:
     target = make_target(hidden=64, vocab=64)
     rates = plain_rates(target, (Precision.FP32, Precision.INT4), [[1, 2, 3]] * 2, 8, passes=2)
     assert all(rate > 0 for rate in rates.values())
-    median, largest = gaps(copy.deepcopy(target), Precision.FP32, [1, 2, 3], [5] * 200, 32)
-    assert 0 < median <= largest
+    for cycles in (2.0, 0.0):
+        median, largest, first = gaps(
+            copy.deepcopy(target), Precision.FP32, [1, 2, 3], [5] * 200, 32, cycles
+        )
+        assert 0 < median <= largest <= first
 
 
 def test_speculation_rows_come_out_for_every_variant_against_plain() -> None:
@@ -37,3 +44,25 @@ def test_speculation_rows_come_out_for_every_variant_against_plain() -> None:
     assert rows[0].over_plain == 1.0
     assert rows[0].accepted_length == 1.0
     assert all(r.tokens_per_s > 0 and r.accepted_length >= 1.0 for r in rows)
+
+
+CRASHES_WITH_EXTRA = """
+import os, signal, sys
+if sys.argv[-1] == "extra":
+    os.kill(os.getpid(), signal.SIGSEGV)
+print(float(sys.argv[2]) / 10)
+"""
+
+
+def test_llama_cpp_is_timed_again_without_its_extra_kernels_where_they_crash(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "timing.py"
+    script.write_text(CRASHES_WITH_EXTRA)
+    timing = time_llama([sys.executable, str(script)], ["model.gguf", "64", "2"], [1, 2, 3])
+    assert timing.ms == pytest.approx(6.4)
+    assert not timing.extra
+    assert timing.notes == ["llama.cpp with extra buffer types failed (signal 11)"]
+    script.write_text("import sys; sys.exit(3)")
+    with pytest.raises(RuntimeError, match="plain buffer types failed \\(exit 3\\)"):
+        time_llama([sys.executable, str(script)], ["model.gguf", "64", "2"], [1, 2, 3])

@@ -12,7 +12,7 @@ from dcoco.bench.metrics import Slo
 from dcoco.bench.prompts import Item, Mode
 from dcoco.bench.report import build
 from dcoco.bench.run import Plan, run_bench
-from dcoco.bench.scrape import Counters, ScrapeFailed, crosscheck, parse_counters
+from dcoco.bench.scrape import Counters, ScrapeFailed, compiling, crosscheck, parse_counters
 
 OURS = """# HELP dcoco_spec_cycles_total Verification cycles
 # TYPE dcoco_spec_cycles_total counter
@@ -135,3 +135,33 @@ async def test_counters_of_an_endpoint_that_fails_part_way_are_dropped() -> None
     assert results.counters == {}
     assert any("HTTP 500" in note for note in results.notes)
     assert len(results.records) == 3 + 4  # the requests themselves all ran
+
+
+def shapes(planned: int, ready: int, failed: int = 0) -> str:
+    return f"""# TYPE dcoco_engine_compiled_shapes gauge
+dcoco_engine_compiled_shapes{{model="m",part="target",state="planned"}} {planned}.0
+dcoco_engine_compiled_shapes{{model="m",part="target",state="ready"}} {ready}.0
+dcoco_engine_compiled_shapes{{model="m",part="drafter",state="planned"}} 2.0
+dcoco_engine_compiled_shapes{{model="m",part="drafter",state="ready"}} 2.0
+# TYPE dcoco_engine_compile_failed gauge
+dcoco_engine_compile_failed{{model="m",part="target"}} {failed}.0
+"""
+
+
+def test_a_worker_is_compiling_while_a_part_has_classes_to_go() -> None:
+    assert compiling(shapes(5, 3))
+    assert not compiling(shapes(5, 5))
+    assert not compiling(shapes(5, 3, failed=1))  # eager for good: nothing to wait for
+    assert not compiling(OURS)  # no compiled layers (fp32, DCOCO_COMPILE=false, vLLM)
+    assert not compiling(VLLM)
+    with pytest.raises(ScrapeFailed):
+        compiling("dcoco_engine_compiled_shapes{part=")
+
+
+async def test_the_warm_up_waits_for_the_layers_to_compile() -> None:
+    with ScriptedServer(Script(accepted=2, rejected=2, compiling_scrapes=3)) as server:
+        target = Server("s", server.url, "scripted", f"{server.url}/metrics")
+        results = await run_bench([target], plan([Load(1)]), progress=False)
+        assert server.scrapes_before_chat == 4  # three answers of "compiling", then ready
+    assert results.notes == []
+    assert len(results.records) == 3

@@ -66,6 +66,7 @@ def test_a_flag_wins_over_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
         (["worker", "--max-batch-size", "0"], "max_batch_size: Input should be greater than"),
         (["gateway", "--port", "70000"], "port: Input should be less than"),
         (["gateway", "--queue-timeout-s", "soon"], "queue_timeout_s: Input should be a valid"),
+        (["worker", "--threads", "-1"], "threads: Input should be greater than or equal to 0"),
     ],
 )
 def test_a_bad_value_is_one_line(

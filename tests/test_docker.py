@@ -139,6 +139,20 @@ def test_the_cpu_worker_image_installs_the_torch_engine(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_cpu_worker_images_convert_stage_runs_the_cli(tmp_path: Path) -> None:
+    """The stage that converts the default target installs the engine and train extras only."""
+    bin_dir = fresh_venv(tmp_path)
+    pip(bin_dir, "torch==2.13.0", cwd=tmp_path / "src")
+    pip(bin_dir, ".[engine,train]", cwd=tmp_path / "src")
+    out = run(
+        bin_dir,
+        "import dcoco.cli\n"
+        "print(dcoco.cli.build_parser().parse_args(['convert', '--out', 'target']).out)",
+    )
+    assert out.strip() == "target"
+
+
+@pytest.mark.slow
 @pytest.mark.vllm
 def test_the_vllm_image_adds_the_plugin_without_another_torch(tmp_path: Path) -> None:
     """The base image's packages are stood in for by vLLM's venv, seen through a .pth file."""

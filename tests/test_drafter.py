@@ -123,3 +123,24 @@ def test_a_reduced_vocabulary_scores_its_tokens_as_the_whole_one_and_stays_lossl
         assert set(drafted.flatten().tolist()) <= set(ids.tolist())
         if mode is Mode.DFLASH:
             assert torch.equal(drafted, best)
+
+
+def test_a_draft_read_to_k_slots_is_the_full_drafts_prefix(
+    pair: tuple[CausalLM, DFlashDrafter],
+) -> None:
+    """A cycle that verifies k drafted tokens takes only k slots through the LM head and the
+    corrector; under the prefix-first rule its draft is the full draft's first k tokens."""
+    target, drafter = pair
+    eng = Engine(target, drafter, EngineConfig(mode=Mode.DCOCO, max_batch_size=1, max_model_len=64))
+    eng.add_request("r", [3, 1, 4, 1, 5, 9, 2], SamplingParams(max_tokens=8))
+    eng.step()
+    seqs = eng.scheduler.running
+    with torch.no_grad():
+        full = eng.runner.draft(seqs)
+        short = eng.runner.draft(seqs, 3)
+        picked_full = eng.runner.correct(full, [True]).tokens  # [1, B]
+        picked_short = eng.runner.correct(short, [True]).tokens  # [1, 3]
+    assert short.logits.shape[1] == 3
+    assert full.logits.shape[1] == eng.runner.block
+    torch.testing.assert_close(short.logits, full.logits[:, :3])
+    assert torch.equal(picked_short, picked_full[:, :3])

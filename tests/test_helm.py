@@ -125,6 +125,12 @@ def test_vllm_workers_get_gpus_and_torch_workers_do_not() -> None:
     assert "tolerations" not in torch["spec"]["template"]["spec"]
     assert cpu["image"] == "dcoco-worker-cpu:0.1.0"
     assert env(torch)["DCOCO_ENGINE"] == "torch"
+    # its threads follow the CPUs it requests, not every CPU of the node (worker/threads.py)
+    assert env(torch)["DCOCO_CPUS"] == {
+        "resourceFieldRef": {"resource": "requests.cpu", "divisor": "1"}
+    }
+    assert "DCOCO_CPUS" not in env(vllm)
+    assert "DCOCO_THREADS" not in env(torch)
     assert "DCOCO_TARGET" not in env(torch)  # the image's embedded default model
     assert torch["spec"]["replicas"] == 2
     # The default chart: one vLLM model on one GPU.

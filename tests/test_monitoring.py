@@ -32,6 +32,11 @@ import dashboard  # noqa: E402
 FILES = ROOT / "helm" / "dcoco" / "files"
 BOARD = json.loads((FILES / "dcoco-dashboard.json").read_text())
 RULES = yaml.safe_load((FILES / "dcoco-rules.yaml").read_text())
+FIRST_SERIES = (
+    "dcoco_spec_cycles_total",
+    "dcoco_time_to_first_token_seconds_count",
+    "dcoco_inter_token_latency_seconds_count",
+)
 WINDOW = "1m"  # stands for $__rate_interval: covers the whole burst of traffic below
 
 
@@ -202,6 +207,17 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, P
         with httpx.Client(base_url=stack.url, timeout=60) as client:
             body = {"model": Stack.MODEL, "max_tokens": 24, "temperature": 0}
             for i in range(8):
+                if i == 2:  # the series exist (one plain request, one streamed: the latency
+                    # histograms see only streams) and are scraped before the rest of the
+                    # traffic grows them: on a fast machine all of it lands between two
+                    # scrapes, and a rate over a series first seen at its final value is zero.
+                    # The gateway and the worker are scraped apart, so each waits.
+                    for series in FIRST_SERIES:
+                        wait_for(
+                            lambda series=series: prometheus.values(f"sum({series})") != [],
+                            30,
+                            f"the first scrape of {series}",
+                        )
                 message = [{"role": "user", "content": f"def add(a, b):  # {i}"}]
                 reply = client.post(
                     "/v1/chat/completions",

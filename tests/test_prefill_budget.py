@@ -1,17 +1,59 @@
-"""The chunked-prefill budget: about one cycle's worth of prompt tokens, within its bounds."""
+"""The chunked-prefill budget, steered to chunks of about `cycles` decoding cycles, against
+chunk costs of a fixed part plus a part per token (the shape measured on CPUs)."""
 
 from dcoco.engine.prefill import MIN_CHUNK, PrefillBudget
 
 
-def test_a_step_prefills_what_costs_about_one_cycle() -> None:
-    budget = PrefillBudget(cap=256)
-    assert budget.tokens() == 256  # nothing measured yet
-    budget.observe_prefill(tokens=512, seconds=1.024)  # 2 ms a token
-    budget.observe_cycle(0.1)
-    assert budget.tokens() == 50
-    for _ in range(30):  # the cycle slows down (more streams): chunks grow, up to the cap
-        budget.observe_cycle(1.0)
+def chunk_seconds(tokens: int, fixed: float = 0.035, per_token: float = 0.00025) -> float:
+    return fixed + per_token * tokens
+
+
+def steer(budget: PrefillBudget, steps: int, **cost: float) -> list[float]:
+    """Runs `steps` full chunks at a 22 ms cycle; returns each chunk's seconds."""
+    spent = []
+    for _ in range(steps):
+        budget.observe_cycle(0.022)
+        tokens = budget.tokens()
+        seconds = chunk_seconds(tokens, **cost)
+        budget.observe_chunk(tokens, seconds, allowed=tokens)
+        spent.append(seconds)
+    return spent
+
+
+def test_chunks_start_small_and_settle_near_the_target() -> None:
+    budget = PrefillBudget(cap=4096, cycles=2.0)
+    assert budget.tokens() == MIN_CHUNK  # nothing measured: the first chunk is small
+    spent = steer(budget, 30)
+    assert all(s <= 2 * 0.022 * 1.5 for s in spent)  # never far over two cycles
+    assert 0.044 * 0.85 <= spent[-1] <= 0.044 * 1.15
+    assert budget.tokens() > MIN_CHUNK
+
+
+def test_cheap_chunks_double_up_to_the_cap() -> None:
+    budget = PrefillBudget(cap=256, cycles=2.0)
+    steer(budget, 3, fixed=0.0, per_token=0.00001)
+    assert budget.tokens() == MIN_CHUNK * 8
+    steer(budget, 10, fixed=0.0, per_token=0.00001)
     assert budget.tokens() == 256
-    for _ in range(30):  # prefill gets dear: never under MIN_CHUNK
-        budget.observe_prefill(tokens=10, seconds=10.0)
+
+
+def test_a_fixed_part_over_the_target_keeps_chunks_at_the_minimum() -> None:
+    budget = PrefillBudget(cap=256, cycles=1.0)
+    steer(budget, 10, fixed=0.030)
+    assert budget.tokens() == MIN_CHUNK
+
+
+def test_without_steering_every_step_takes_the_cap() -> None:
+    budget = PrefillBudget(cap=256, cycles=0.0)
+    steer(budget, 5, fixed=1.0)
+    assert budget.tokens() == 256
+
+
+def test_a_prompt_s_short_last_chunk_teaches_nothing_unless_it_ran_over() -> None:
+    budget = PrefillBudget(cap=4096, cycles=2.0)
+    steer(budget, 30)
+    settled = budget.tokens()
+    budget.observe_chunk(3, chunk_seconds(3), allowed=settled)
+    assert budget.tokens() == settled
+    budget.observe_chunk(3, 0.5, allowed=settled)  # a stall: the budget backs off
     assert budget.tokens() == MIN_CHUNK

@@ -18,8 +18,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from dcoco.gateway.app import create_app
+from dcoco.queue.client import GatewayQueue
 from dcoco.queue.connection import connect
-from dcoco.queue.consumer import WorkerQueue
+from dcoco.queue.consumer import CancelNotices, WorkerQueue
 from dcoco.queue.protocol import ModelCard
 from dcoco.settings import GatewaySettings, WorkerSettings
 from dcoco.shared.instant import InstantEngineClient
@@ -27,6 +28,7 @@ from dcoco.shared.protocol import EngineDelta, EngineRequest
 from dcoco.shared.stats import SpecStats
 from dcoco.shared.supervisor import LoopFailed
 from dcoco.tokenizer import Tokenizer, save_tokenizer, train_tokenizer
+from dcoco.worker import worker as worker_module
 from dcoco.worker.http import Health
 from dcoco.worker.metrics import WorkerMetrics
 from dcoco.worker.worker import Worker
@@ -37,6 +39,7 @@ LOOP_METHODS = {
     "fetch": "read",
     "reclaim": "reclaim",
     "heartbeat": "heartbeat",
+    "notices": "next",
     "cancels": "cancelled",
     "flush": "append",
 }
@@ -73,6 +76,21 @@ class FaultyQueue(WorkerQueue):
     async def append(self, writes: Any) -> list[bool]:
         self._maybe_fail("append")
         return await super().append(writes)
+
+    def cancel_notices(self) -> CancelNotices:
+        return FaultyNotices(self)
+
+
+class FaultyNotices(CancelNotices):
+    """The real cancel notices, failing with their queue's faults in `next`."""
+
+    def __init__(self, queue: FaultyQueue) -> None:
+        super().__init__(queue.redis)
+        self.queue = queue
+
+    async def next(self, timeout_s: float) -> tuple[str, float] | None:
+        self.queue._maybe_fail("next")
+        return await super().next(timeout_s)
 
 
 class PacedEngine(InstantEngineClient):
@@ -223,3 +241,63 @@ async def test_a_loop_that_keeps_crashing_hands_its_requests_to_another_worker(
         assert [{k: d[k] for k in expected} for d in speculation] == [expected] * 4
     healthy.stop.set()
     await healthy.task
+
+
+async def cancel_one(
+    server: RedisServer, running: RunningWorker, cancel: Callable[[str], Any]
+) -> None:
+    """Starts a long stream, cancels it with `cancel(request_id)` once the worker runs it, and
+    waits for the worker to abort it."""
+    async with gateway(server) as client:
+        stream = asyncio.create_task(stream_chat(client, 2000))
+        await until(lambda: len(running.worker.inflight) == 1)
+        (request_id,) = running.worker.inflight
+        await cancel(request_id)
+        aborted = running.worker.metrics.requests.labels("m", "abort")
+        await until(lambda: aborted._value.get() == 1, timeout_s=5)
+        assert not running.worker.inflight
+        stream.cancel()
+    running.stop.set()
+    await running.task
+
+
+async def worker_for_cancels(
+    server: RedisServer, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch, sweep_s: float
+) -> tuple[RunningWorker, Any]:
+    """A fresh Redis, a worker sweeping cancel flags every `sweep_s`, and a client."""
+    server.client().flushall()
+    monkeypatch.setattr(worker_module, "CANCEL_SWEEP_S", sweep_s)
+    running = await start_worker(server, tokenizer_dir, "w-cancels")
+    return running, connect(server.url)
+
+
+async def test_a_cancel_notice_aborts_the_request_without_waiting_for_the_sweep(
+    redis_server: RedisServer, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running, redis = await worker_for_cancels(redis_server, tokenizer_dir, monkeypatch, 60.0)
+    await cancel_one(redis_server, running, lambda r: GatewayQueue(redis, redis).cancel([r]))
+    assert running.restarts("notices") == 0
+
+
+async def test_the_sweep_catches_a_cancel_whose_notice_was_missed(
+    redis_server: RedisServer, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running, redis = await worker_for_cancels(redis_server, tokenizer_dir, monkeypatch, 0.1)
+    await cancel_one(redis_server, running, lambda r: redis.set(f"dcoco:cancel:{r}", "1.5"))
+
+
+async def test_malformed_cancel_notices_are_skipped(
+    redis_server: RedisServer, tokenizer_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running, redis = await worker_for_cancels(redis_server, tokenizer_dir, monkeypatch, 60.0)
+
+    async def hostile_then_real(request_id: str) -> None:
+        for notice in ["", "no-time", f"{request_id} nan", f"{request_id} inf", "x" * 100_000]:
+            await redis.publish("dcoco:cancels", notice)
+        await redis.publish("dcoco:cancels", f"someone-else {1.0}")
+        await asyncio.sleep(0.3)
+        assert running.worker.inflight, "a malformed notice cancelled the request"
+        await GatewayQueue(redis, redis).cancel([request_id])
+
+    await cancel_one(redis_server, running, hostile_then_real)
+    assert running.restarts("notices") == 0

@@ -7,7 +7,7 @@
 #     in containers here);
 #   - the base images the Dockerfiles and compose file name, which cannot be pulled, stood in
 #     for by images made from Debian bookworm's packages: python:3.11-slim (bookworm's Python is
-#     3.11) and, with `redis` as first argument, the Redis image of docker/compose.yaml.
+#     3.11, with its headers as the official image has them: inductor builds against them) and, with `redis` as first argument, the Redis image of docker/compose.yaml.
 # Each step is skipped when already done.
 set -eu
 
@@ -43,7 +43,7 @@ fi
 if ! podman image exists "$BASE"; then
     rootfs=$(mktemp -d)
     trap 'rm -rf "$rootfs"' EXIT
-    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+    debootstrap --variant=minbase --include=python3,python3-venv,python3-dev,ca-certificates \
         bookworm "$rootfs" >/dev/null
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
     tar -C "$rootfs" -c . | podman import --change 'CMD ["python3"]' - "$BASE"

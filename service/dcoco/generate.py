@@ -3,6 +3,7 @@
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from dcoco.checkpoint import CheckpointError
@@ -40,7 +41,8 @@ def build_engine(args: argparse.Namespace, tokenizer: Tokenizer) -> Engine:
     settings = settings_from(EngineSettings, args)
     if settings.mode.needs_drafter and args.drafter is None:
         raise UsageError(f"--mode {settings.mode} needs --drafter")
-    cfg = settings.engine_config(tokenizer.eos_token_ids)
+    # One batch of prompts, then exit: compiling in the background would not pay.
+    cfg = replace(settings.engine_config(tokenizer.eos_token_ids), compile=False)
     engine = load_engine(Path(args.target), Path(args.drafter) if args.drafter else None, cfg)
     vocab = engine.runner.target.config.vocab_size
     if tokenizer.vocab_size > vocab:

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from dcoco.model.causal_lm import CausalLM
+from dcoco.model.packed import Bf16Linear, pack_linears
 from dcoco.model.quant import (
     Int4Linear,
     Int8Linear,
@@ -50,6 +51,9 @@ MEASURED = (Precision.FP32, Precision.BF16, Precision.INT8, Precision.INT4)
 # Timed forwards per width, after one warm-up. The fastest counts: other work on the machine
 # only ever adds time, and a table is cached for good, so one noisy start must not decide it.
 REPEATS = 3
+# The engine's own kernels, part of every cache key: bumped when a change to them (bf16
+# weights packed for oneDNN: 2) makes earlier measurements stale.
+KERNELS = 2
 
 
 def current_precision(target: CausalLM) -> Precision:
@@ -64,16 +68,18 @@ def current_precision(target: CausalLM) -> Precision:
 
 def apply_precision(target: CausalLM, precision: Precision) -> None:
     """Readies the target for an engine in `precision`, in place: its projections fused
-    (`layers.fuse_linears`), then cast or quantized. A quantized target stays as it is:
-    quantizing is one way, so asking it for another precision raises ValueError."""
+    (`layers.fuse_linears`), then cast, and packed for oneDNN (bf16, `model/packed.py`) or
+    quantized. Packing and quantizing are one way: such a target asked for another precision
+    raises ValueError."""
     target.fuse_projections()
     current = current_precision(target)
-    if current is precision:
-        return
-    if current in (Precision.INT8, Precision.INT4):
-        raise ValueError(f"the target is already {current}; load it again for {precision}")
-    target.to(ACTIVATIONS[precision])
-    if precision in (Precision.INT8, Precision.INT4):
+    if current is not precision:
+        if any(isinstance(m, Bf16Linear) for m in target.modules()):
+            raise ValueError(f"the target is already {current}; load it again for {precision}")
+        target.to(ACTIVATIONS[precision])
+    if precision is Precision.BF16:
+        pack_linears(target)  # unties a tied head, as quantizing does
+    elif precision in (Precision.INT8, Precision.INT4) and current is not precision:
         # Unties a tied head; engine code only calls the head, so it may stop being a Linear.
         target.lm_head = Int8Linear(target.lm_head.weight)  # type: ignore[assignment]
         quantize_linears(target.model.layers, 4 if precision is Precision.INT4 else 8)
@@ -150,6 +156,7 @@ def cache_key(target: CausalLM, settings: tuple[object, ...]) -> str:
     parts = [
         flags,
         torch.__version__,
+        str(KERNELS),
         str(torch.get_num_threads()),
         repr(target.config),
         repr(settings),

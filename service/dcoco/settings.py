@@ -115,8 +115,10 @@ class EngineSettings(BaseSettings):
     num_speculative_tokens: int | None = Field(None, ge=1)  # None: the drafter's block size
     top_k: int | None = Field(None, ge=1)  # None: the corrector's K
     max_batch_size: int = Field(32, ge=1)  # concurrent sequences sharing each cycle
-    # at most this many prompt tokens a step while streams decode (engine/prefill.py)
+    # at most this many prompt tokens a step while streams decode, steered to take about
+    # prefill_cycles decoding cycles (0: the cap every step) (engine/prefill.py)
     prefill_tokens: int = Field(256, ge=1)
+    prefill_cycles: float = Field(2.0, ge=0.0)
     max_model_len: int | None = Field(None, ge=16)  # None: the target's max_position_embeddings
     # auto: the fastest on this CPU, measured at start (engine/precision.py); fp32: exact.
     precision: Precision = Field(DEFAULT_PRECISION, description=PRECISION_HELP)
@@ -125,6 +127,9 @@ class EngineSettings(BaseSettings):
     # from measured acceptance per slot and measured verify cost; False: always all B, for
     # fixed-B comparisons. Lossless either way.
     adaptive: bool = True
+    # Compile the target's layers on a background thread and run them compiled once ready
+    # (engine/compiled.py); not in fp32. False where other work shares the worker's cores.
+    compile: bool = True
 
     def engine_config(self, eos_token_ids: tuple[int, ...]) -> EngineConfig:
         """The one place settings become an engine configuration."""
@@ -136,11 +141,13 @@ class EngineSettings(BaseSettings):
             top_k=self.top_k,
             max_batch_size=self.max_batch_size,
             prefill_tokens=self.prefill_tokens,
+            prefill_cycles=self.prefill_cycles,
             max_model_len=self.max_model_len,
             eos_token_ids=eos_token_ids,
             precision=self.precision,
             cache_dir=self.cache_dir,
             adaptive=self.adaptive,
+            compile=self.compile,
         )
 
 
@@ -163,6 +170,12 @@ class WorkerSettings(QueueSettings, EngineSettings):
     heartbeat_s: float = Field(2.0, gt=0)
     drain_timeout_s: float = Field(25.0, ge=0)  # on SIGTERM, finish in-flight work this long
     worker_id: str | None = None  # default: host name and process id
+    # torch engine: threads it computes with; 0: one less than the CPUs it has (torch's count
+    # of the CPUs the process may run on, capped by the cgroup's CPU limit and by `cpus`), at
+    # least one (worker/threads.py)
+    threads: int = Field(0, ge=0)
+    # the CPUs the worker's pod is guaranteed (the chart sets its CPU request); 0: not known
+    cpus: int = Field(0, ge=0)
 
     @field_validator("vllm_args", mode="before")
     @classmethod

@@ -1,7 +1,11 @@
 """The measurements `make bench-core` puts side by side (`dcoco.bench.core`)."""
 
 import copy
+import importlib.util
+import json
 import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +25,7 @@ from dcoco.spec.drafter import DFlashDrafter
 GIB = 1 << 30
 PHASES = ("draft", "correct", "verify")
 WARMUP_TOKENS = 8
+LLAMA_TIMEOUT_S = 600.0
 
 
 def memory_bandwidth() -> float:
@@ -44,7 +49,7 @@ def weight_bytes(target: CausalLM, precision: Precision) -> int:
 
 
 def read_by_decoding(module: torch.nn.Module) -> list[torch.Tensor]:
-    buffers = [b for name, b in module.named_buffers() if not name.endswith("dense")]
+    buffers = [b for name, b in module.named_buffers() if "dense" not in name.split(".")]
     return [*module.parameters(), *buffers]
 
 
@@ -61,9 +66,14 @@ def plain_rates(
     engines = {}
     for precision in precisions:
         cfg = EngineConfig(
-            mode=Mode.VANILLA, max_batch_size=len(prompts), max_model_len=1024, precision=precision
+            mode=Mode.VANILLA,
+            max_batch_size=len(prompts),
+            max_model_len=1024,
+            precision=precision,
+            compile=True,
         )
         engines[precision] = Engine(copy.deepcopy(fp32), None, cfg)
+        engines[precision].runner.wait_compiled()
         engines[precision].generate(
             prompts[:1], SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True)
         )
@@ -140,10 +150,16 @@ def spec_rates(
     engines = []
     for _, mode, drafter, adaptive in VARIANTS:
         cfg = EngineConfig(
-            mode=mode, max_batch_size=1, max_model_len=1024, precision=precision, adaptive=adaptive
+            mode=mode,
+            max_batch_size=1,
+            max_model_len=1024,
+            precision=precision,
+            adaptive=adaptive,
+            compile=True,
         )
         spec = copy.deepcopy(drafters[drafter]) if drafter else None
         engine = Engine(copy.deepcopy(fp32), spec, cfg)
+        engine.runner.wait_compiled()
         engine.generate(prompts[:1], SamplingParams(max_tokens=WARMUP_TOKENS))
         engines.append(engine)
     params = SamplingParams(max_tokens=tokens)
@@ -169,40 +185,65 @@ def spec_rates(
     ]
 
 
-def llama_cpp_ms(gguf: Path, prompt: list[int], tokens: int, threads: int) -> float | None:
-    """llama.cpp's milliseconds per decoded token (eval only) after `prompt`, greedy; None when
-    llama-cpp-python is not installed."""
-    try:
-        from llama_cpp import Llama  # an optional benchmark dependency
-    except ImportError:
+@dataclass(frozen=True)
+class LlamaTiming:
+    ms: float  # milliseconds per decoded token
+    extra: bool  # with llama.cpp's extra buffer types (AMX, repacked weights)
+    notes: list[str]  # what failed on the way
+
+
+def llama_cpp_ms(gguf: Path, prompt: list[int], tokens: int, threads: int) -> LlamaTiming | None:
+    """llama.cpp's milliseconds per decoded token after `prompt`, greedy, in a process of its
+    own (`bench.llama_timing`); None when llama-cpp-python is not installed."""
+    if importlib.util.find_spec("llama_cpp") is None:
         return None
-    llm = Llama(
-        model_path=str(gguf), n_ctx=1024, n_threads=threads, n_threads_batch=threads, verbose=False
-    )
-    llm.eval(prompt)
-    spent = []
-    for _ in range(WARMUP_TOKENS + tokens):
-        token = int(llm.scores[llm.n_tokens - 1].argmax())
-        start = time.perf_counter()
-        llm.eval([token])
-        spent.append(time.perf_counter() - start)
-    return 1000 * statistics.mean(spent[WARMUP_TOKENS:])
+    command = [sys.executable, "-m", "dcoco.bench.llama_timing"]
+    return time_llama(command, [str(gguf), str(tokens), str(threads)], prompt)
+
+
+def time_llama(command: list[str], args: list[str], prompt: list[int]) -> LlamaTiming:
+    """Runs `command` *args KIND with the prompt on stdin: KIND "extra" (llama-cpp-python's
+    default kernels) first, then "plain" (without its extra buffer types) if that failed.
+    Raises RuntimeError when both fail."""
+    notes: list[str] = []
+    for kind in ("extra", "plain"):
+        run = subprocess.run(
+            [*command, *args, kind],
+            input=json.dumps(prompt),
+            capture_output=True,
+            text=True,
+            timeout=LLAMA_TIMEOUT_S,
+        )
+        if run.returncode == 0:
+            return LlamaTiming(float(run.stdout.split()[-1]), kind == "extra", notes)
+        reason = f"signal {-run.returncode}" if run.returncode < 0 else f"exit {run.returncode}"
+        notes.append(f"llama.cpp with {kind} buffer types failed ({reason})")
+    raise RuntimeError("; ".join(notes))
 
 
 def gaps(
-    target: CausalLM, precision: Precision, prompt: list[int], long_prompt: list[int], budget: int
-) -> tuple[float, float]:
-    """8 streams decode, then a long prompt joins; returns the streams' median gap between
-    tokens over 10 steps before it joins, and their largest gap from then until it has its
-    first token, in seconds."""
+    target: CausalLM,
+    precision: Precision,
+    prompt: list[int],
+    long_prompt: list[int],
+    budget: int,
+    cycles: float,
+) -> tuple[float, float, float]:
+    """8 streams decode, then a long prompt joins, prefilled `budget` tokens a step at most,
+    steered to `cycles` decoding cycles (0: `budget` every step). Returns the streams' median
+    gap between tokens over 10 steps before it joins, their largest gap from then until it has
+    its first token, and that time to its first token, in seconds."""
     cfg = EngineConfig(
         mode=Mode.VANILLA,
         max_batch_size=9,
         max_model_len=len(long_prompt) + 64,
         precision=precision,
         prefill_tokens=budget,
+        prefill_cycles=cycles,
+        compile=True,
     )
     engine = Engine(target, None, cfg)
+    engine.runner.wait_compiled()
     params = SamplingParams(max_tokens=100_000, ignore_eos=True)
     for i in range(8):
         engine.add_request(f"s{i}", prompt, params)
@@ -211,9 +252,10 @@ def gaps(
     last = dict.fromkeys((f"s{i}" for i in range(8)), time.perf_counter())
     before: list[float] = []
     during: list[float] = []
-    for step in range(1000):
+    for step in range(10_000):
         if step == 10:
             engine.add_request("long", long_prompt, SamplingParams(max_tokens=1))
+            joined = time.perf_counter()
         result = engine.step()
         now = time.perf_counter()
         for out in result.outputs:
@@ -222,4 +264,4 @@ def gaps(
                 last[out.request_id] = now
         if any(out.request_id == "long" for out in result.outputs):
             break
-    return statistics.median(before), max(during)
+    return statistics.median(before), max(during), time.perf_counter() - joined

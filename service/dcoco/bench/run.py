@@ -2,7 +2,9 @@
 the same requests to every server in turns, interleaved, reading the speculation counters
 around each turn.
 
-- Warm-up: `warmup` requests per server, sent one at a time and left out of every figure;
+- Warm-up: first a wait while the server's metrics say its layers are compiling (a torch
+  worker compiles them in the background, serving eagerly meanwhile: not its steady state);
+  then `warmup` requests per server, sent one at a time and left out of every figure;
   the first also asks for cumulative usage on every chunk (vLLM's `continuous_usage_stats`)
   and, if the server refuses that parameter, the server is asked without it from then on.
 - Levels: a level of C streams sends at least MIN_WAVES * C requests (the sample cycled), so
@@ -14,9 +16,11 @@ around each turn.
 - A server whose warm-up fails entirely is left out and reported as failed.
 """
 
+import asyncio
 import contextlib
 import itertools
 import random
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NoReturn
@@ -28,11 +32,12 @@ from dcoco.bench.client import Call, Outcome, Server, stream_chat
 from dcoco.bench.load import Load, run_turn
 from dcoco.bench.metrics import Record
 from dcoco.bench.prompts import Item, Mode, calls
-from dcoco.bench.scrape import Counters, ScrapeFailed, scrape
+from dcoco.bench.scrape import Counters, ScrapeFailed, compiling, fetch_text, scrape
 
 MIN_WAVES = 2
 TURN_WAVES = 4
 SCRAPE_TIMEOUT_S = 10.0
+COMPILE_WAIT_S = 600.0  # the longest wait for a worker's layers to compile before warming up
 
 Key = tuple[str, str, str]  # (server, mode, level)
 
@@ -76,9 +81,33 @@ def turns(count: int, size: int) -> Iterator[range]:
         yield range(start, min(count, start + size))
 
 
+async def wait_compiled(http: aiohttp.ClientSession, server: Server, results: Results) -> None:
+    """Waits while the server's metrics say its layers are compiling (a torch worker with
+    DCOCO_COMPILE), so that its turns measure the steady state; servers without those series
+    are not waited for, and one still compiling after COMPILE_WAIT_S is measured as it is."""
+    if server.metrics_url is None:
+        return
+    deadline = time.monotonic() + COMPILE_WAIT_S
+    while True:
+        try:
+            text = await fetch_text(http, server.metrics_url, SCRAPE_TIMEOUT_S)
+        except ScrapeFailed:
+            return  # the counters' first read reports a broken endpoint
+        if not compiling(text):
+            return
+        if time.monotonic() > deadline:
+            results.notes.append(
+                f"{server.name}: layers still compiling after {COMPILE_WAIT_S:.0f} s; measured"
+                " as they were"
+            )
+            return
+        await asyncio.sleep(1.0)
+
+
 async def warm_up(
     http: aiohttp.ClientSession, server: Server, plan: Plan, results: Results
 ) -> bool:
+    await wait_compiled(http, server, results)
     mode = plan.modes[0]
     warm = calls(plan.items, plan.warmup, mode, plan.max_tokens, plan.seed)
     probe = await stream_chat(http, server, warm[0], plan.timeout_s, continuous_usage=True)

@@ -101,17 +101,41 @@ def parse_counters(text: str, method: str | None = None) -> Counters | None:
     return None
 
 
-async def scrape(
-    http: aiohttp.ClientSession, url: str, timeout_s: float, method: str | None = None
-) -> Counters | None:
+async def fetch_text(http: aiohttp.ClientSession, url: str, timeout_s: float) -> str:
     try:
         async with http.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
             if reply.status != 200:
                 raise ScrapeFailed(f"GET {url} answered HTTP {reply.status}")
-            text = await reply.text()
+            return await reply.text()
     except (aiohttp.ClientError, TimeoutError) as problem:
         raise ScrapeFailed(f"GET {url} failed: {type(problem).__name__} {problem}") from None
-    return parse_counters(text, method)
+
+
+async def scrape(
+    http: aiohttp.ClientSession, url: str, timeout_s: float, method: str | None = None
+) -> Counters | None:
+    return parse_counters(await fetch_text(http, url, timeout_s), method)
+
+
+def compiling(text: str) -> bool:
+    """Whether a worker's metrics say its layers are still compiling: some part with fewer
+    shape classes ready than planned, whose compile has not failed (`dcoco_engine_*`)."""
+    shapes: dict[tuple[str, str], float] = {}
+    failed: set[str] = set()
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "dcoco_engine_compiled_shapes":
+                    shapes[sample.labels["part"], sample.labels["state"]] = sample.value
+                elif sample.name == "dcoco_engine_compile_failed" and sample.value:
+                    failed.add(sample.labels["part"])
+    except (ValueError, KeyError) as problem:
+        raise ScrapeFailed(f"not Prometheus text ({problem})") from None
+    return any(
+        shapes.get((part, "ready"), 0.0) < planned and part not in failed
+        for (part, state), planned in shapes.items()
+        if state == "planned"
+    )
 
 
 def crosscheck(

@@ -20,6 +20,7 @@ VARIANTS = (
     "dcoco-frozen",
     "dcoco-top1",
     "vanilla-fp32",
+    "vanilla-eager",
 )
 SETTINGS = ("greedy-b1", "greedy-b8", "greedy-b16", "t1-b1", "t1-b8", "t1-b16")
 
@@ -43,8 +44,9 @@ def configure(ev: argparse.ArgumentParser) -> None:
         "--variants",
         nargs="+",
         choices=VARIANTS,
-        default=[v for v in VARIANTS if v != "vanilla-fp32"],
-        help="vanilla-fp32 is plain decoding in fp32, the faster plain decoding in some regimes",
+        default=[v for v in VARIANTS if v not in ("vanilla-fp32", "vanilla-eager")],
+        help="vanilla-fp32 is plain decoding in fp32, the faster plain decoding in some "
+        "regimes; vanilla-eager is plain decoding without the compiled layers",
     )
     ev.add_argument(
         "--settings",

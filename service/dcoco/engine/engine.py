@@ -13,7 +13,7 @@ import torch
 from dcoco.engine.accounting import CycleBook, provenance, report
 from dcoco.engine.checks import check_models
 from dcoco.engine.outputs import Completion, RequestOutput, StepResult
-from dcoco.engine.prefill import MIN_CHUNK, PrefillBudget
+from dcoco.engine.prefill import MIN_CHUNK, UNBOUNDED, PrefillBudget
 from dcoco.engine.runner import ContextUpdate, ModelRunner
 from dcoco.engine.scheduler import Scheduler
 from dcoco.engine.sequence import Sequence
@@ -56,7 +56,7 @@ class Engine:
         self.block = block  # B, 0 in vanilla mode
         self.runner = ModelRunner(target, drafter, cfg, self.max_model_len, block, top_k)
         self.scheduler = Scheduler(cfg.max_batch_size)
-        self.prefill_budget = PrefillBudget(cfg.prefill_tokens)
+        self.prefill_budget = PrefillBudget(cfg.prefill_tokens, cfg.prefill_cycles)
         self.planner = VerifyPlanner(block) if cfg.adaptive and block else None
         if self.planner is not None and self.costs is not None:
             self.planner.start_from(self.costs.seconds[cfg.precision.value])
@@ -165,11 +165,14 @@ class Engine:
         """One chunk of every prompt being prefilled; a prompt now wholly cached gets its first
         token and its sequence joins the running ones."""
         seqs = self.scheduler.prefilling
-        chunks = self._chunks(seqs)
+        share = self._share(seqs)
+        chunks = [min(len(s.prompt_ids) - s.num_cached, share) for s in seqs]
         start = time.perf_counter()
         logits, context = self.runner.prefill(seqs, chunks)  # [N, V]
         self.runner.extend_context(context)
-        self.prefill_budget.observe_prefill(sum(chunks), time.perf_counter() - start)
+        if share < UNBOUNDED:
+            seconds = time.perf_counter() - start
+            self.prefill_budget.observe_chunk(sum(chunks), seconds, share * len(seqs))
         for seq, chunk in zip(seqs, chunks, strict=True):
             seq.num_cached += chunk
         rows = [row for row, seq in enumerate(seqs) if seq.num_cached == len(seq.prompt_ids)]
@@ -181,15 +184,13 @@ class Engine:
                 report(seq, seq.append([token]), result, provenance(0, None), (), features)
         self.runner.move(self.scheduler.prefilled(done))
 
-    def _chunks(self, seqs: list[Sequence]) -> list[int]:
-        """Prompt tokens each sequence prefills this step: all that remain while nothing is
-        decoding (or features are collected, which needs whole prompts); otherwise an equal
-        share of the step's budget (`PrefillBudget`) each."""
-        remaining = [len(s.prompt_ids) - s.num_cached for s in seqs]
+    def _share(self, seqs: list[Sequence]) -> int:
+        """Prompt tokens each sequence may prefill this step: all that remain (UNBOUNDED) while
+        nothing is decoding, or while features are collected, which needs whole prompts;
+        otherwise an equal share of the step's budget (`PrefillBudget`), at least MIN_CHUNK."""
         if not self.scheduler.running or self.cfg.feature_layers:
-            return remaining
-        share = max(MIN_CHUNK, self.prefill_budget.tokens() // len(seqs))
-        return [min(left, share) for left in remaining]
+            return UNBOUNDED
+        return max(MIN_CHUNK, self.prefill_budget.tokens() // len(seqs))
 
     def _decode(self, seqs: list[Sequence], result: StepResult) -> list[CycleStats]:
         """One plain step: vanilla mode, or a speculative cycle that verifies nothing."""
@@ -235,7 +236,7 @@ class Engine:
         proposed: list[list[int]] = [looked_up.get(row, []) for row in range(len(seqs))]
         chosen: list[list[int]] = [[0] * len(found) for found in proposed]  # candidate per slot
         if drafting:
-            draft = self.runner.draft([seqs[row] for row in drafting])
+            draft = self.runner.draft([seqs[row] for row in drafting], k)
         t1 = time.perf_counter()
         if drafting:
             selection = self.runner.correct(draft, [seqs[r].mode is Mode.DCOCO for r in drafting])

@@ -4,26 +4,32 @@ It owns the two KV caches and knows positions and masks; it never decides which 
 kept. Every method takes the running sequences in batch order and returns batched tensors.
 """
 
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from dcoco.engine.compiled import CompiledLayers, warm_shapes
 from dcoco.engine.kv_cache import CacheView, KVCache
 from dcoco.engine.scheduler import Move
 from dcoco.engine.sequence import Sequence
+from dcoco.engine.stalls import StallGuard
 from dcoco.model.causal_lm import CausalLM
-from dcoco.model.layers import set_attention_upcast
+from dcoco.model.layers import LayerCall, set_attention_upcast
+from dcoco.model.packed import pack_linears
+from dcoco.model.quant import quantized_linears
 from dcoco.precision import ACTIVATIONS, apply_precision, attention_upcast, dense_crossover
 from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Precision
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.spec.select import Candidates, Selection, select, token_ids
 
 
 @dataclass(frozen=True)
 class Draft:
-    hidden: torch.Tensor  # [N, B, H] the drafter's state at each slot
-    logits: torch.Tensor  # [N, B, V'] over the drafting vocabulary (`DFlashDrafter.logits`)
+    hidden: torch.Tensor  # [N, S, H] the drafter's state at each slot read, S <= B
+    logits: torch.Tensor  # [N, S, V'] over the drafting vocabulary (`DFlashDrafter.logits`)
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,7 @@ class ModelRunner:
         if drafter is not None:
             d = drafter.config.model
             drafter.cast(dtype)
+            pack_linears(drafter, keep=drafter.corrector)
             set_attention_upcast(drafter, upcast)
             self.drafter_cache = KVCache(
                 d.num_hidden_layers,
@@ -78,6 +85,43 @@ class ModelRunner:
             )
             drafter.rotary.reserve(capacity, dtype)
             self.feature_layers = drafter.config.target_layer_ids
+        self.compiled: CompiledLayers | None = None  # the target's layers
+        self.compiled_drafter: CompiledLayers | None = None
+        self.stalls = StallGuard()  # eager layers while compiled forwards stall
+        if cfg.compile and cfg.precision is not Precision.FP32:
+            self._start_compiling(cfg)
+
+    def wait_compiled(self) -> None:
+        """Blocks until both models' layers are compiled, or failed to: for measuring the
+        steady state (a serving engine never waits)."""
+        for part in (self.compiled, self.compiled_drafter):
+            if part is not None:
+                part.done.wait()
+
+    def _start_compiling(self, cfg: EngineConfig) -> None:
+        """Compiles the target's layers and the drafter's on background threads, for the
+        shapes this engine's steps take (`engine/compiled.py`)."""
+        target, drafter = self.target, self.drafter
+        dense_from = min((m.dense_from for m in quantized_linears(target.model)), default=None)
+
+        def target_forward(positions: torch.Tensor, mask: torch.Tensor, call: LayerCall) -> object:
+            ids = torch.zeros_like(positions)  # [N, T], token 0 everywhere
+            return target(ids, positions, mask=mask, call=call)
+
+        shapes = warm_shapes(cfg.max_batch_size, self.block + 1, dense_from)
+        self.compiled = CompiledLayers(target_forward, self.target_cache, shapes)
+        self.compiled.start(cfg.cache_dir)
+        if drafter is None or self.drafter_cache is None:
+            return
+        hidden, dtype = drafter.config.model.hidden_size, ACTIVATIONS[cfg.precision]
+
+        def drafter_forward(positions: torch.Tensor, mask: torch.Tensor, call: LayerCall) -> object:
+            embeds = torch.zeros(*positions.shape, hidden, dtype=dtype)  # [N, T, H]
+            return drafter(embeds, positions, None, mask, call)
+
+        blocks = [(n, self.block + 1) for n in (1, 2) if n <= cfg.max_batch_size]  # every draft
+        self.compiled_drafter = CompiledLayers(drafter_forward, self.drafter_cache, blocks)
+        self.compiled_drafter.start(cfg.cache_dir)
 
     def prefill(
         self, seqs: list[Sequence], chunks: list[int]
@@ -106,9 +150,10 @@ class ModelRunner:
         hidden, feats = self._target(ids, view)  # [N, 1, H], [N, 1, F]
         return self.target.logits(hidden[:, 0]), self._context(view, feats)  # [N, V]
 
-    def draft(self, seqs: list[Sequence]) -> Draft:
+    def draft(self, seqs: list[Sequence], slots: int | None = None) -> Draft:
         """One drafter pass over [pending token, B masks] for each sequence, after writing the
-        context they owe."""
+        context they owe. Only the first `slots` slots (all B by default) go on to the LM head
+        and the corrector: a cycle that verifies k drafted tokens reads no further."""
         assert self.drafter is not None
         assert self.drafter_cache is not None
         self.flush_context(seqs)
@@ -117,30 +162,32 @@ class ModelRunner:
         embeds = self.drafter.embed_block(
             self.target.model.embed_tokens, last, self.block
         )  # [N, B+1, H]
-        hidden = self.drafter(
-            embeds, view.positions, self.drafter_cache.source(view), view.mask
-        )  # [N, B+1, H]
-        slots = hidden[:, 1:]  # [N, B, H]
-        return Draft(hidden=slots, logits=self.drafter.logits(slots, self.target.lm_head))
+        compiled = self.compiled_drafter if self.stalls.allows() else None
+        call = compiled.call(view) if compiled is not None else None
+        kv = self.drafter_cache.source(view)
+        hidden = self.drafter(embeds, view.positions, kv, view.mask, call)  # [N, B+1, H]
+        states = hidden[:, 1 : 1 + (slots or self.block)]  # [N, S, H]
+        return Draft(hidden=states, logits=self.drafter.logits(states, self.target.lm_head))
 
     def correct(self, draft: Draft, corrected: list[bool]) -> Selection:
-        """Picks each row's draft: the top-1 per slot (dflash), or for the rows marked in
-        `corrected`, a rule over corrector scores (dcoco)."""
+        """Picks each row's draft over the slots drafted: the top-1 per slot (dflash), or for the
+        rows marked in `corrected`, a rule over corrector scores (dcoco). The global and
+        discounted rules thus weigh only the slots the cycle verifies."""
         assert self.drafter is not None
         vocab_ids = self.drafter.vocab_ids  # [V'] or None
-        places = draft.logits.max(-1).indices  # [N, B]; max is faster than argmax on CPU
-        tokens = token_ids(places, vocab_ids)  # [N, B]
-        index = torch.zeros_like(tokens)  # [N, B]
+        places = draft.logits.max(-1).indices  # [N, S]; max is faster than argmax on CPU
+        tokens = token_ids(places, vocab_ids)  # [N, S]
+        index = torch.zeros_like(tokens)  # [N, S]
         rows = [row for row, wanted in enumerate(corrected) if wanted]
         if not rows:
             return Selection(index=index, tokens=tokens)
         assert self.drafter.corrector is not None
         which = torch.tensor(rows)  # [C]
-        cands = Candidates.top_k(draft.logits[which], self.top_k, vocab_ids)  # [C, B, K] each
+        cands = Candidates.top_k(draft.logits[which], self.top_k, vocab_ids)  # [C, S, K] each
         scores = self.drafter.corrector(
             draft.hidden[which], cands.ids, cands.logits, self.target.model.embed_tokens.weight
-        )  # [C, B-1, K, K]
-        chosen = select(self.cfg.rule, scores, cands, self.cfg.gamma)  # [C, B] each
+        )  # [C, S-1, K, K]
+        chosen = select(self.cfg.rule, scores, cands, self.cfg.gamma)  # [C, S] each
         tokens[which], index[which] = chosen.tokens, chosen.index
         return Selection(index=index, tokens=tokens)
 
@@ -202,9 +249,14 @@ class ModelRunner:
     def _target(
         self, ids: torch.Tensor, view: CacheView
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self.target(
-            ids, view.positions, self.target_cache.source(view), view.mask, self.feature_layers
-        )
+        compiled = self.compiled if self.stalls.allows() else None
+        call = compiled.call(view) if compiled is not None else None
+        kv = self.target_cache.source(view)
+        start = time.perf_counter()
+        out = self.target(ids, view.positions, kv, view.mask, self.feature_layers, call)
+        if self.compiled is not None:
+            self.stalls.observe(tuple(ids.shape), time.perf_counter() - start, call is not None)
+        return out
 
     def _context(self, view: CacheView, feats: torch.Tensor | None) -> ContextUpdate:
         empty = torch.empty(*view.positions.shape, 0)  # [N, T, 0]: vanilla has no drafter

@@ -28,6 +28,7 @@ class Variant:
     rule: Rule = Rule.PREFIX
     precision: Precision | None = None  # None: the evaluation's precision
     adaptive: bool = False  # verify the planner's prefix of the draft (the worker's default)
+    compile: bool = True  # the target's layers compiled (the worker's default; not in fp32)
 
 
 VARIANTS = (
@@ -46,6 +47,8 @@ VARIANTS = (
     # Plain decoding in fp32, for a bf16 evaluation: the fastest plain decoding on a machine
     # may be either precision, and the honest speedup is against the faster one.
     Variant("vanilla-fp32", Mode.VANILLA, None, precision=Precision.FP32),
+    # Plain decoding with the eager layers: what compiling them buys.
+    Variant("vanilla-eager", Mode.VANILLA, None, compile=False),
 )
 VARIANT_NAMES = tuple(v.name for v in VARIANTS)
 
@@ -125,9 +128,11 @@ def measure(
         eos_token_ids=models.eos_token_ids,
         precision=precision,
         adaptive=variant.adaptive,
+        compile=variant.compile,
     )
     engine = Engine(target, drafter, cfg)
     params = SamplingParams(max_tokens=max_tokens, temperature=setting.temperature)
+    engine.runner.wait_compiled()  # the steady state: timed once every class is compiled
     engine.generate(prompts[:1], SamplingParams(max_tokens=8))  # warm-up
     started = time.perf_counter()
     completions, cycles = engine.generate(prompts, params)

@@ -3,7 +3,14 @@
 import torch
 from torch import nn
 
-from dcoco.model.layers import DecoderLayer, KVSource, RMSNorm, Rotary, TransformerConfig
+from dcoco.model.layers import (
+    DecoderLayer,
+    KVSource,
+    LayerCall,
+    RMSNorm,
+    Rotary,
+    TransformerConfig,
+)
 
 
 class Backbone(nn.Module):
@@ -39,18 +46,21 @@ class CausalLM(nn.Module):
         kv: KVSource | None = None,
         mask: torch.Tensor | None = None,
         feature_layers: tuple[int, ...] = (),
+        call: LayerCall | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """input_ids, positions [N, T] -> final hidden states [N, T, H] and drafter features.
 
         The feature of layer i is that layer's output before the final norm (Hugging Face's
         `hidden_states[i + 1]`, vLLM's aux layer i + 1); the requested layers are concatenated
-        into [N, T, len(feature_layers) * H], or None when none are requested.
+        into [N, T, len(feature_layers) * H], or None when none are requested. `call`, when
+        given, runs each layer instead (it reads and writes the keys and values itself).
         """
         x = self.model.embed_tokens(input_ids)  # [N, T, H]
         cos, sin = self.rotary(positions)  # [N, 1, T, D] each
         features = []
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, cos, sin, kv, mask)  # [N, T, H]
+            assert isinstance(layer, DecoderLayer)
+            x = call(layer, x, cos, sin) if call else layer(x, cos, sin, kv, mask)  # [N, T, H]
             if i in feature_layers:
                 features.append(x)
         feats = torch.cat(features, dim=-1) if features else None  # [N, T, F]

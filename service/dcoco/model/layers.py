@@ -325,3 +325,8 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, mask)  # [N, T, hidden]
         return x + self.mlp(self.post_attention_layernorm(x))  # [N, T, hidden]
+
+
+# (layer, x [N, T, H], cos [N, 1, T, D], sin [N, 1, T, D]) -> x [N, T, H]: runs one decoder
+# layer in place of calling it with the forward's KV source (the engine's compiled layers).
+LayerCall = Callable[[DecoderLayer, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]

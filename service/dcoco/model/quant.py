@@ -11,16 +11,17 @@ slower). The LM head is int8 in both modes (it ships as Q8_0); the embedding it 
 stays as it was, since lookups need whole rows.
 
 Both kernels are built for a few rows: from `dense_from` rows on (prefills, wide
-verifications) bf16 matmuls over the same weights, dequantized, are faster, so each linear also
-keeps them in bf16 and switches. Decoding reads only the quantized bytes; memory holds both.
-Where the switch pays depends on the CPU (with AMX a 16-row bf16 matmul costs what a 1-row one
-does) and on the kernel: engines measure it (`precision.dense_crossover`);
-DENSE_FROM is the default until then.
+verifications) bf16 matmuls over the same weights, dequantized, are faster, so each linear
+also keeps them in bf16 (a `Bf16Linear`, packed for oneDNN where it runs bf16) and switches.
+Decoding reads only the quantized bytes; memory holds both. Where the switch pays depends on
+the CPU (with AMX a 16-row bf16 matmul costs what a 1-row one does) and on the kernel: engines
+measure it (`precision.dense_crossover`); DENSE_FROM is the default until then.
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from dcoco.model.packed import Bf16Linear
 
 GROUP = 32  # int4 input channels per scale: Q4_1's block
 DENSE_FROM = 17  # rows from which a forward multiplies the dequantized bf16 weights, unmeasured
@@ -30,7 +31,7 @@ TINY = 1e-12  # the smallest scale: an all-zero row or group quantizes to zeros
 class Int8Linear(nn.Module):
     weight: torch.Tensor  # [N, K] int8
     scale: torch.Tensor  # [N] bf16
-    dense: torch.Tensor  # [N, K] bf16, the same weights dequantized
+    dense: Bf16Linear  # the same weights dequantized
 
     def __init__(self, weight: torch.Tensor) -> None:
         """weight [N, K] in any float dtype."""
@@ -39,13 +40,13 @@ class Int8Linear(nn.Module):
         scale = w.abs().amax(1).clamp(min=TINY) / 127  # [N]
         self.register_buffer("weight", (w / scale[:, None]).round().to(torch.int8))  # [N, K]
         self.register_buffer("scale", scale.bfloat16())  # [N]
-        self.register_buffer("dense", (self.weight * self.scale[:, None]).bfloat16())  # [N, K]
+        self.dense = Bf16Linear(self.weight * self.scale[:, None])  # [N, K]
         self.dense_from = DENSE_FROM
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K] bf16
         if flat.shape[0] >= self.dense_from:
-            return F.linear(x, self.dense)  # [..., N]
+            return self.dense(x)  # [..., N]
         out = torch._weight_int8pack_mm(flat, self.weight, self.scale)  # [M, N]
         return out.view(*x.shape[:-1], out.shape[-1])  # [..., N]
 
@@ -53,7 +54,7 @@ class Int8Linear(nn.Module):
 class Int4Linear(nn.Module):
     packed: torch.Tensor  # [N, K/2] uint8, the kernel's layout
     scale_zero: torch.Tensor  # [K/32, N, 2] bf16
-    dense: torch.Tensor  # [N, K] bf16, the same weights dequantized
+    dense: Bf16Linear  # the same weights dequantized
 
     def __init__(self, weight: torch.Tensor) -> None:
         """weight [N, K] in any float dtype, K a multiple of GROUP."""
@@ -76,14 +77,14 @@ class Int4Linear(nn.Module):
         )  # [G, N, 2]
         scale, zero = self.scale_zero.float().transpose(0, 1).unbind(-1)  # [N, G] each
         dense = (levels - 8) * scale[..., None] + zero[..., None]  # [N, G, 32]
-        self.register_buffer("dense", dense.view(n, k).bfloat16())  # [N, K]
+        self.dense = Bf16Linear(dense.view(n, k))  # [N, K]
         self.out_features = n
         self.dense_from = DENSE_FROM
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K] bf16
         if flat.shape[0] >= self.dense_from:
-            return F.linear(x, self.dense)  # [..., N]
+            return self.dense(x)  # [..., N]
         out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scale_zero)
         return out.view(*x.shape[:-1], self.out_features)  # [..., N]
 

@@ -66,11 +66,13 @@ class GatewayQueue:
                     return
 
     async def cancel(self, request_ids: list[str]) -> None:
-        """Tells workers to stop; the value is the time of cancellation (unix seconds)."""
+        """Tells workers to stop: a flag per request, whose value is the time of cancellation
+        (unix seconds), and a notice on the cancels channel for the workers listening now."""
         now = repr(time.time())
         async with self.redis.pipeline(transaction=False) as pipe:
             for request_id in request_ids:
                 pipe.set(keys.cancel(request_id), now, ex=keys.CANCEL_TTL_S)
+                pipe.publish(keys.CANCELS, f"{request_id} {now}")
             await pipe.execute()
 
     async def depth(self, model: str) -> int:

@@ -10,6 +10,8 @@ that stopped heartbeating, and XAUTOCLAIM hands it to a live one.
 """
 
 import json
+import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +25,7 @@ from dcoco.queue.connection import stream_entries
 from dcoco.queue.protocol import Envelope, Event, ModelCard
 
 HANDOFF_CONSUMER = "handoff"  # entries parked here are reclaimable at once
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,9 @@ class WorkerQueue:
         values = await self.redis.mget([keys.cancel(r) for r in request_ids])
         return {r: float(v) for r, v in zip(request_ids, values, strict=True) if v is not None}
 
+    def cancel_notices(self) -> "CancelNotices":
+        return CancelNotices(self.redis)
+
     async def hand_back(self, entry_ids: list[str]) -> None:
         """Parks entries so that any live worker reclaims them at its next sweep."""
         if entry_ids:
@@ -204,3 +210,34 @@ def _delivery(entry_id: str, fields: dict[str, str], reclaimed: bool) -> Deliver
         return Delivery(entry_id, Envelope.model_validate_json(fields.get("r", "")), reclaimed)
     except ValidationError as bad:
         return Delivery(entry_id, None, reclaimed, problem=str(bad.errors()[0]["msg"]))
+
+
+class CancelNotices:
+    """The cancels channel as one worker hears it. Notices published while it is not subscribed
+    (before its first `next`, or while Redis is away) are lost; the worker's sweep of the
+    cancel flags catches those."""
+
+    def __init__(self, redis: Redis) -> None:
+        self.pubsub = redis.pubsub(ignore_subscribe_messages=True)
+
+    async def next(self, timeout_s: float) -> tuple[str, float] | None:
+        """The next notice (request id, unix seconds of the cancel), or None after `timeout_s`
+        without one. A malformed notice is logged and skipped."""
+        if not self.pubsub.subscribed:
+            await self.pubsub.subscribe(keys.CANCELS)
+        message = await self.pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout_s)
+        if message is None:
+            return None
+        notice = str(message["data"])
+        request_id, _, when = notice.partition(" ")
+        try:
+            seconds = float(when)
+        except ValueError:
+            seconds = math.nan
+        if not (request_id and math.isfinite(seconds)):
+            log.warning("malformed cancel notice skipped", extra={"notice": notice[:200]})
+            return None
+        return request_id, seconds
+
+    async def close(self) -> None:
+        await self.pubsub.aclose()

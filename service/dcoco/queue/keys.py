@@ -12,6 +12,7 @@ dcoco:worker:{id}             string   a worker's info (JSON), expires with its 
 dcoco:resp:{request}          stream   response events of one request
 dcoco:owner:{request}         string   "{worker} {attempt}": who may write the events
 dcoco:cancel:{request}        string   set by the gateway when the client went away
+dcoco:cancels                 channel  "{request} {unix seconds}", published beside each cancel flag
 dcoco:limit:{key}:rate        string   per-API-key request-rate state (GCRA)
 dcoco:limit:{key}:active      zset     per-API-key in-flight requests -> start (unix ms)
 """
@@ -57,6 +58,9 @@ def owner(request_id: str) -> str:
 
 def cancel(request_id: str) -> str:
     return f"dcoco:cancel:{request_id}"
+
+
+CANCELS = "dcoco:cancels"
 
 
 def rate(principal: str) -> str:

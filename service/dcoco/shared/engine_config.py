@@ -17,10 +17,12 @@ class EngineConfig:
     top_k: int | None = None  # K; None takes the corrector's trained K
     max_batch_size: int = 32  # sequences sharing one cycle; also the KV-cache slot count
     # At most this many prompt tokens one step may prefill while other sequences are decoding,
-    # shared among the prompts being prefilled (engine/prefill.py sizes each step's chunk to
-    # about one cycle): a long prompt joins over several steps instead of stalling every stream
-    # for its whole prefill. With nothing decoding, prompts are prefilled whole.
+    # shared among the prompts being prefilled: a long prompt joins over several steps instead
+    # of stalling every stream for its whole prefill. With nothing decoding, prompts are
+    # prefilled whole. Within the cap, each step's chunk is steered to take about
+    # `prefill_cycles` decoding cycles (engine/prefill.py); 0 takes the cap every step.
     prefill_tokens: int = 256
+    prefill_cycles: float = 2.0
     max_model_len: int | None = None  # prompt plus generated tokens; None: the target's limit
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)  # end a sequence on these
     seed: int = 0  # for sampled requests that bring no seed of their own
@@ -32,12 +34,17 @@ class EngineConfig:
     # Verify, each cycle, the prefix of the draft that maximises expected tokens per second
     # (see dcoco.spec.planner); False verifies all B drafted tokens, for fixed-B comparisons.
     adaptive: bool = False
+    # Run the target's decoder layers compiled by inductor once they are compiled, on a
+    # background thread; eager until then (engine/compiled.py). Never in fp32, the exact mode.
+    compile: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
             raise ValueError("max_batch_size must be at least 1")
         if self.prefill_tokens < 1:
             raise ValueError("prefill_tokens must be at least 1")
+        if self.prefill_cycles < 0:
+            raise ValueError("prefill_cycles must not be negative")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")
         if self.num_speculative_tokens is not None and self.num_speculative_tokens < 1:

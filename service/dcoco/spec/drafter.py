@@ -18,7 +18,14 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from dcoco.model.layers import DecoderLayer, KVSource, RMSNorm, Rotary, TransformerConfig
+from dcoco.model.layers import (
+    DecoderLayer,
+    KVSource,
+    LayerCall,
+    RMSNorm,
+    Rotary,
+    TransformerConfig,
+)
 from dcoco.spec.corrector import Corrector, CorrectorConfig
 
 DFLASH_ARCHITECTURE = "DFlashDraftModel"
@@ -189,17 +196,23 @@ class DFlashDrafter(nn.Module):
         return [layer.self_attn.project_kv(context, cos, sin) for layer in layers]
 
     def forward(
-        self, embeds: torch.Tensor, positions: torch.Tensor, kv: KVSource, mask: torch.Tensor | None
+        self,
+        embeds: torch.Tensor,
+        positions: torch.Tensor,
+        kv: KVSource | None,
+        mask: torch.Tensor | None,
+        call: LayerCall | None = None,
     ) -> torch.Tensor:
         """Block embeddings [N, T, H] at positions [N, T] -> normalised hidden states [N, T, H].
 
         `kv` supplies the context keys and values alongside the block's own; `mask` says which of
-        them each block position sees.
+        them each block position sees. `call`, when given, runs each layer instead (it reads and
+        writes the keys and values itself).
         """
         cos, sin = self.rotary(positions)  # [N, 1, T, D] each
         x = embeds
-        for layer in self.layers:
-            x = layer(x, cos, sin, kv, mask)  # [N, T, H]
+        for layer in cast(list[DecoderLayer], list(self.layers)):
+            x = call(layer, x, cos, sin) if call else layer(x, cos, sin, kv, mask)  # [N, T, H]
         return self.norm(x)  # [N, T, H]
 
 

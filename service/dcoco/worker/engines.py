@@ -8,6 +8,7 @@ from dcoco.shared.errors import UsageError
 from dcoco.shared.protocol import EngineClient
 from dcoco.tokenizer import Tokenizer
 from dcoco.worker.metrics import WorkerMetrics
+from dcoco.worker.threads import cgroup_cpus, engine_threads
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +34,21 @@ def build_engine_client(settings: WorkerSettings, tokenizer: Tokenizer) -> Engin
             ) from None
 
         return VllmEngineClient(settings, tokenizer.eos_token_ids)
+    import torch
+
     from dcoco.engine.client import TorchEngineClient
     from dcoco.engine.load import load_engine
 
+    limit = cgroup_cpus()
+    threads = engine_threads(settings.threads, torch.get_num_threads(), limit, settings.cpus)
+    torch.set_num_threads(threads)  # before loading: `auto` measures with these threads
+    log.info(
+        "engine threads %d (asked: %s, cgroup CPU limit: %s, guaranteed CPUs: %s)",
+        threads,
+        settings.threads or "auto",
+        limit or "none",
+        settings.cpus or "unknown",
+    )
     cfg = settings.engine_config(tokenizer.eos_token_ids)
     return TorchEngineClient(load_engine(settings.target, settings.drafter, cfg))
 
@@ -50,6 +63,11 @@ def adopt_engine_metrics(
         costs = torch_engine.costs
         precision = torch_engine.cfg.precision.value
         metrics.record_precision(precision, costs.seconds if costs is not None else {})
+        runner = torch_engine.runner
+        parts = {"target": runner.compiled, "drafter": runner.compiled_drafter}
+        compiling = {part: layers for part, layers in parts.items() if layers is not None}
+        if compiling:
+            metrics.record_compiled(compiling, runner.stalls)
         log.info("engine precision %s (asked: %s)", precision, settings.precision.value)
     if settings.engine == "vllm":
         from dcoco.vllm.metrics import PLUGIN_SERIES

@@ -22,7 +22,11 @@ Useful PromQL (all series carry `model`):
              / rate(dcoco_spec_cycle_seconds_count{phase="total"}[5m]))
 """
 
+from collections.abc import Iterator, Mapping
+from typing import Protocol
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from dcoco.shared.stats import CycleStats
@@ -30,6 +34,58 @@ from dcoco.shared.stats import CycleStats
 SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 WAIT_SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ACCEPTED_LENGTH = (*(float(n) for n in range(1, 17)), 24.0, 32.0)  # 1..B+1 for B <= 31
+
+
+class CompileState(Protocol):
+    """A model's compiled layers (`engine.compiled.CompiledLayers`)."""
+
+    shapes: list[tuple[int, int]]  # the shape classes it compiles
+    compiled: list[tuple[int, int]]  # those ready
+    error: str | None  # why compiling stopped, if it failed
+
+
+class StallState(Protocol):
+    """The runner's stall guard (`engine.stalls.StallGuard`)."""
+
+    pauses: int
+
+    def allows(self) -> bool: ...
+
+
+class CompiledLayersCollector(Collector):
+    """The torch engine's compiled layers, read at each scrape."""
+
+    def __init__(self, model: str, parts: Mapping[str, CompileState], guard: StallState) -> None:
+        self.model, self.parts, self.guard = model, parts, guard
+
+    def collect(self) -> Iterator[Metric]:
+        shapes = GaugeMetricFamily(
+            "dcoco_engine_compiled_shapes",
+            "Shape classes of a model's layers: planned, and compiled and ready",
+            labels=["model", "part", "state"],
+        )
+        failed = GaugeMetricFamily(
+            "dcoco_engine_compile_failed",
+            "1 where compiling a model's layers failed and they run eagerly",
+            labels=["model", "part"],
+        )
+        for part, state in self.parts.items():
+            shapes.add_metric([self.model, part, "planned"], len(state.shapes))
+            shapes.add_metric([self.model, part, "ready"], len(state.compiled))
+            failed.add_metric([self.model, part], float(state.error is not None))
+        paused = GaugeMetricFamily(
+            "dcoco_engine_compiled_paused",
+            "1 while the stall guard runs the layers eagerly",
+            labels=["model"],
+        )
+        paused.add_metric([self.model], float(not self.guard.allows()))
+        pauses = CounterMetricFamily(
+            "dcoco_engine_stall_pauses",
+            "Times the stall guard turned the compiled layers off",
+            labels=["model"],
+        )
+        pauses.add_metric([self.model], self.guard.pauses)
+        yield from (shapes, failed, paused, pauses)
 
 
 class WorkerMetrics:
@@ -136,6 +192,10 @@ class WorkerMetrics:
         for name, row in seconds.items():
             for tokens, spent in row.items():
                 forward.labels(self.model, name, str(tokens)).set(spent)
+
+    def record_compiled(self, parts: Mapping[str, CompileState], guard: StallState) -> None:
+        """The compiled layers of each part ("target", "drafter") and the stall guard."""
+        self.registry.register(CompiledLayersCollector(self.model, parts, guard))
 
     def defer_to(self, collector: Collector, names: tuple[str, ...]) -> None:
         """Serves the series `names` from `collector` (an engine that measures them in another

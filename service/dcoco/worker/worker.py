@@ -4,7 +4,9 @@ Loops, all on one asyncio loop (the engine steps on its own thread):
 - fetch: read up to the engine's free capacity from the consumer group;
 - reclaim: take over entries whose worker missed its lease (XAUTOCLAIM);
 - heartbeat: stay registered and keep the leases of in-flight entries fresh;
-- cancels: abort requests whose clients went away;
+- notices: abort requests whose clients went away, as the gateway's notices arrive;
+- cancels: every CANCEL_SWEEP_S, read the cancel flags of the requests in flight, for notices
+  the worker missed (published before it subscribed, or during a Redis outage);
 - flush: write every request's events, batched into one round trip per wake-up.
 Each loop runs under a Supervisor: a crash is logged and the loop restarted; a loop that keeps
 crashing makes the worker give up (hand its requests back, deregister, exit non-zero).
@@ -34,7 +36,7 @@ from dcoco.worker.outbox import Outbox
 from dcoco.worker.request import RequestRun
 
 log = logging.getLogger(__name__)
-CANCEL_POLL_S = 0.02
+CANCEL_SWEEP_S = 0.5
 
 
 @dataclass
@@ -89,7 +91,8 @@ class Worker:
             "fetch": self._fetch,
             "reclaim": self._reclaim,
             "heartbeat": self._heartbeat,
-            "cancels": self._watch_cancels,
+            "notices": self._hear_cancels,
+            "cancels": self._sweep_cancels,
             "flush": self.outbox.run,
         }
         try:
@@ -163,19 +166,42 @@ class Worker:
                 log.warning("heartbeat failed: Redis unavailable")
             await asyncio.sleep(self.settings.heartbeat_s)
 
-    async def _watch_cancels(self) -> None:
+    async def _hear_cancels(self) -> None:
+        notices = self.queue.cancel_notices()
+        failures = 0
+        try:
+            while True:
+                try:
+                    notice = await notices.next(timeout_s=CANCEL_SWEEP_S)
+                except UNAVAILABLE as problem:
+                    failures += 1
+                    await back_off("cancel notices", problem, failures)
+                    continue
+                failures = 0
+                if notice is not None:
+                    await self._cancel(*notice)
+        finally:
+            with contextlib.suppress(*UNAVAILABLE):
+                await notices.close()
+
+    async def _sweep_cancels(self) -> None:
         while True:
-            await asyncio.sleep(CANCEL_POLL_S)
+            await asyncio.sleep(CANCEL_SWEEP_S)
             waiting = [r for r, f in self.inflight.items() if f.cancelled_at is None]
             try:
                 cancelled = await self.queue.cancelled(waiting)
             except UNAVAILABLE:
-                continue  # polled again in CANCEL_POLL_S
+                continue  # swept again in CANCEL_SWEEP_S
             for request_id, when in cancelled.items():
-                flight = self.inflight.get(request_id)
-                if flight is not None:
-                    flight.cancelled_at = when
-                    await flight.run.cancel()
+                await self._cancel(request_id, when)
+
+    async def _cancel(self, request_id: str, when: float) -> None:
+        """Aborts a request of ours whose client went away at `when` (unix seconds); a request
+        of another worker's, or one already being cancelled, is left alone."""
+        flight = self.inflight.get(request_id)
+        if flight is not None and flight.cancelled_at is None:
+            flight.cancelled_at = when
+            await flight.run.cancel()
 
     def _start(self, delivery: Delivery) -> None:
         envelope = delivery.envelope

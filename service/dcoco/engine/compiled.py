@@ -1,0 +1,163 @@
+"""The decoder layers of the target and the drafter compiled by inductor, warmed in the
+background while the engine serves eagerly.
+
+One function, `_layer`, runs a decoder layer together with its KV-cache write and read, taking
+everything as tensors. Compiled with dynamic shapes, one graph serves every layer (a layer's
+weights are inputs) and every batch size, verify width and context length of a shape class:
+dynamo specializes sizes 0 and 1, and the quantized linears branch on their row count
+(`dense_from`), so a plain step at batch 1, plain steps at larger batches, verifies at batch 1
+and so on each get a graph; the drafter's layers (bf16, unquantized) get their own.
+`CompiledLayers` compiles the classes a model's forwards fall in, on a thread, on scratch
+caches; serving calls only run what is already compiled (`torch._dynamo.run`): until a class
+is ready, and for shapes no warm-up compiled (long prefills), the layer runs eagerly. A
+serving step never waits for a compile.
+
+Compiled kernels live in inductor's cache (TORCHINDUCTOR_CACHE_DIR, by default under the
+engine's cache folder), so a restart recompiles in seconds rather than a minute.
+
+Compiled code sits behind `dcoco worker`'s DCOCO_COMPILE and is never used in fp32, the exact
+reference: fusing changes rounding. Its kernels parallelize small loops with OpenMP, so where
+other processes hold the same cores they can stall far worse than eager ones
+(docs/engine-profile.md).
+"""
+
+import atexit
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch._dynamo
+
+from dcoco.engine.kv_cache import CacheView, KVCache
+from dcoco.model.layers import DecoderLayer, LayerCall
+
+log = logging.getLogger(__name__)
+
+# Context length the warm-up compiles at: any length of at least 2 shares the graph.
+WARM_CONTEXT = 64
+
+
+def _layer(
+    layer: DecoderLayer,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    mask: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+) -> torch.Tensor:
+    """x [N, T, H], cos and sin [N, 1, T, D], mask [N, 1, T, L]; k_cache and v_cache
+    [S, Hkv, C, D], this layer's caches; rows [N, 1], each row's slot; positions [N, T].
+    Writes the new keys and values, attends to the first L positions -> [N, T, H]."""
+
+    def kv(_: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k_cache[rows, :, positions] = k.transpose(1, 2)  # [N, T, Hkv, D]
+        v_cache[rows, :, positions] = v.transpose(1, 2)  # [N, T, Hkv, D]
+        keys = mask.shape[-1]
+        slots = rows[:, 0]  # [N]
+        return k_cache[slots, :, :keys], v_cache[slots, :, :keys]  # [N, Hkv, L, D] each
+
+    return layer(x, cos, sin, kv, mask)  # [N, T, H]
+
+
+_compile = torch.compile(_layer, dynamic=True, fullgraph=True)
+_run = torch._dynamo.run(_layer)  # compiled graphs only; eager where none matches
+
+
+def warm_shapes(max_batch: int, widths: int, dense_from: int | None) -> list[tuple[int, int]]:
+    """One (rows, tokens) example of each shape class the engine's plain steps (1 token a row)
+    and verifies (2 to `widths` tokens) fall in, most used first."""
+    shapes = [(1, 1), (1, 2), (2, 1), (2, 2)]
+    if dense_from is not None:  # the quantized linears' dense branch, where steps reach it
+        shapes += [(1, dense_from)] if widths >= dense_from > 1 else []
+        shapes += [(dense_from, 1)] if max_batch >= dense_from > 2 else []
+        wide = -(-dense_from // 2)  # two rows of this many tokens reach it
+        shapes += [(2, wide)] if 2 <= wide <= widths else []
+    return [(n, t) for n, t in shapes if n <= max_batch and t <= widths]
+
+
+# (positions [N, T], mask [N, 1, T, L], call) -> None: one forward of the model over
+# placeholder inputs at those positions, running its layers through `call`.
+WarmForward = Callable[[torch.Tensor, torch.Tensor, LayerCall], object]
+
+
+class CompiledLayers:
+    """A model's layers, compiled on a background thread (`start`); `call` runs them."""
+
+    def __init__(self, forward: WarmForward, cache: KVCache, shapes: list[tuple[int, int]]) -> None:
+        self.forward, self.cache, self.shapes = forward, cache, shapes
+        self.compiled: list[tuple[int, int]] = []  # the shape classes ready, in order
+        self.error: str | None = None  # why compiling stopped, if it failed
+        self.done = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._warm, name="dcoco-compile", daemon=True)
+
+    def start(self, cache_dir: Path) -> None:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Compiles no further class and waits for the one under way: a process that exits
+        while inductor compiles on another thread aborts in C++ (registered at exit)."""
+        self._stopping.set()
+        self._thread.join()
+
+    def call(self, view: CacheView) -> LayerCall:
+        """Runs each layer of a forward over `view` with its compiled graph, if ready."""
+        rows = view.slots.unsqueeze(1)  # [N, 1]
+
+        def run(
+            layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        ) -> torch.Tensor:
+            i = layer.self_attn.layer_idx
+            k, v = self.cache.k[i], self.cache.v[i]  # [S, Hkv, C, D] each
+            return _run(layer, x, cos, sin, view.mask, k, v, rows, view.positions)  # [N, T, H]
+
+        return run
+
+    def _warm(self) -> None:
+        """Compiles each shape class with the model's own layers, on scratch caches. A failed
+        compile (no C++ compiler, an unwritable cache, an op inductor rejects) is logged and
+        leaves the layers eager."""
+        k = torch.zeros_like(self.cache.k[0])  # [S, Hkv, C, D]
+        v = torch.zeros_like(self.cache.v[0])  # [S, Hkv, C, D]
+        try:
+            with torch.inference_mode(), torch._dynamo.config.patch(recompile_limit=64):
+                for n, t in self.shapes:
+                    if self._stopping.is_set():
+                        break
+                    start = time.perf_counter()
+                    self._warm_class(n, t, k, v)
+                    self.compiled.append((n, t))
+                    log.info(
+                        "compiled layers: %d rows x %d tokens in %.1f s",
+                        n,
+                        t,
+                        time.perf_counter() - start,
+                    )
+        except (torch._dynamo.exc.TorchDynamoException, RuntimeError, OSError) as failure:
+            self.error = f"{type(failure).__name__}: {failure}".splitlines()[0]
+            log.warning("compiled layers unavailable, serving eagerly: %s", self.error)
+        finally:
+            self.done.set()
+
+    def _warm_class(self, n: int, t: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """One forward of n rows of t tokens through the compiling wrapper."""
+        rows = torch.arange(n).unsqueeze(1)  # [N, 1]
+        positions = (WARM_CONTEXT + torch.arange(t)).repeat(n, 1)  # [N, T]
+        keys = torch.arange(WARM_CONTEXT + t)  # [L]
+        mask = (keys.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)  # [N, 1, T, L]
+
+        def warm(
+            layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        ) -> torch.Tensor:
+            return _compile(layer, x, cos, sin, mask, k, v, rows, positions)  # [N, T, H]
+
+        self.forward(positions, mask, warm)

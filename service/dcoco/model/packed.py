@@ -1,0 +1,87 @@
+"""bf16 linears on weights packed once into oneDNN's blocked layout.
+
+`F.linear` in bf16 calls oneDNN, which reorders the weight into its blocked (AMX or
+AVX512_BF16) layout on every call: for SmolLM2-135M that is a second pass over every weight a
+step. Reordered once at load (`torch.ops.mkldnn._reorder_linear_weight`, what inductor's
+freezing does for constant weights), the same matmuls ran 1.5-1.8x faster at 1 to 256 rows on
+an AMX CPU (docs/engine-profile.md).
+
+Packing applies only where oneDNN runs bf16 natively (`supported`): there `F.linear` takes the
+same kernels, less the reorder. Elsewhere (AVX2-only CPUs) weights stay as they are and a
+`Bf16Linear` calls `F.linear`, so no CPU gets a kernel it did not already run.
+
+A packed weight is oneDNN's opaque tensor (layout torch._mkldnn, shape [N, K]): plain ops
+refuse it; `linear` multiplies by it and `to_dense()` reads it back. inductor cannot lower
+oneDNN's linear over a weight that is a graph input (the compiled layers take every weight as
+one), so compiled code calls it as the opaque op `dcoco::packed_linear`.
+"""
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# The row count oneDNN picks the packed layout for; the layout served 1 to 256 rows alike.
+PACK_ROWS = 16
+
+
+@functools.cache
+def supported() -> bool:
+    """Whether this CPU and torch build run bf16 matmuls in oneDNN natively."""
+    return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] bf16, contiguous -> the same weights in oneDNN's layout, for `linear` only."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)  # [N, K]
+
+
+@torch.library.custom_op("dcoco::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., K] bf16, weight [N, K] from `pack` -> [..., N]."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")  # [..., N]
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))  # [..., N]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [..., K] bf16, weight [N, K] from `pack` -> [..., N]."""
+    if torch.compiler.is_compiling():
+        return packed_linear(x, weight)  # [..., N]
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")  # [..., N]
+
+
+class Bf16Linear(nn.Module):
+    """An inference-only bf16 nn.Linear without bias: its weight packed where `supported`,
+    as it is elsewhere."""
+
+    weight: torch.Tensor  # [N, K] bf16, packed where self.packed
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.packed = supported()
+        plain = weight.detach().bfloat16().contiguous()  # [N, K]
+        self.register_buffer("weight", pack(plain) if self.packed else plain)  # [N, K]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight) if self.packed else F.linear(x, self.weight)  # [..., N]
+
+
+def pack_linears(module: nn.Module, keep: nn.Module | None = None) -> None:
+    """Replaces every bias-free bf16 nn.Linear under `module` (in place) by a packed
+    Bf16Linear where `supported`; elsewhere changes nothing. Leaves the subtree `keep` (code
+    that reads its weights) as it is. Ties between weights are not kept."""
+    if not supported():
+        return
+    for name, child in module.named_children():
+        if child is keep:
+            continue
+        if isinstance(child, nn.Linear) and child.bias is None:
+            if child.weight.dtype == torch.bfloat16:
+                setattr(module, name, Bf16Linear(child.weight))
+        else:
+            pack_linears(child, keep)
