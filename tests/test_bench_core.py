@@ -25,9 +25,9 @@ def test_plain_rate_and_the_gaps_of_a_joining_prompt() -> None:
     target = make_target(hidden=64, vocab=64)
     rates = plain_rates(target, (Precision.FP32, Precision.INT4), [[1, 2, 3]] * 2, 8, passes=2)
     assert all(rate > 0 for rate in rates.values())
-    for cycles in (2.0, 0.0):
+    for cycles, alongside in ((2.0, None), (2.0, True), (0.0, False)):
         median, largest, first = gaps(
-            copy.deepcopy(target), Precision.FP32, [1, 2, 3], [5] * 200, 32, cycles
+            copy.deepcopy(target), Precision.FP32, [1, 2, 3], [5] * 200, 32, cycles, alongside
         )
         assert 0 < median <= largest <= first
 

@@ -271,6 +271,46 @@ def test_long_prompts_join_in_chunks_while_others_decode(pair: Pair, mode: Mode)
         assert outputs[name] == greedy_reference(pair[0], prompt, 60 if name == "r0" else 20)
 
 
+@pytest.mark.parametrize("alongside", [True, False])
+@pytest.mark.parametrize("mode", [Mode.VANILLA, Mode.DCOCO])
+def test_a_plain_step_carries_the_prompts_chunks_in_its_own_forward(
+    pair: Pair, mode: Mode, alongside: bool
+) -> None:
+    """While a stream takes plain steps, a 60-token prompt's chunks ride along them: one
+    target forward a step for both (`prefill_alongside`), or the chunk's own forward and the
+    step's. In a DCOCO engine the prompt then drafts from the context its chunks wrote. Every
+    output is the target's own."""
+    eng = engine(
+        pair, mode, batch=2, prefill_tokens=16, prefill_cycles=0, prefill_alongside=alongside
+    )
+    forwards: list[str] = []
+    target = eng.runner.target
+    plain, grouped = target.forward, target.forward_groups
+    target.forward = lambda *a, **kw: forwards.append("one") or plain(*a, **kw)  # type: ignore[method-assign]
+    target.forward_groups = lambda *a, **kw: forwards.append("both") or grouped(*a, **kw)  # type: ignore[method-assign]
+    prompts = {"r0": [3, 1, 4], "p1": [i % 14 for i in range(60)]}
+    outputs: dict[str, list[int]] = {name: [] for name in prompts}
+    eng.add_request("r0", prompts["r0"], SamplingParams(max_tokens=30, speculation=Mode.VANILLA))
+    for out in eng.step().outputs:
+        outputs[out.request_id] += out.new_token_ids
+    eng.add_request("p1", prompts["p1"], SamplingParams(max_tokens=20))
+    joining: list[list[str]] = []  # each step's forwards until the prompt's first token
+    accepted = 0
+    while eng.has_unfinished():
+        forwards.clear()
+        first = not outputs["p1"]
+        step = eng.step()
+        for out in step.outputs:
+            outputs[out.request_id] += out.new_token_ids
+        accepted += sum(c.accepted_tokens for c in step.cycles)
+        if first:
+            joining.append(list(forwards))
+    assert joining == [["both"]] * 4 if alongside else [["one", "one"]] * 4  # 16 tokens a step
+    for name, prompt in prompts.items():
+        assert outputs[name] == greedy_reference(pair[0], prompt, 30 if name == "r0" else 20)
+    assert (accepted > 0) == (mode is Mode.DCOCO)
+
+
 def test_each_request_speculates_as_it_asked_inside_one_batch(pair: Pair) -> None:
     """off, ngram, dflash and dcoco side by side in one DCOCO engine: every output is the
     target's own (fp32), and each token's provenance adds up to the request's usage."""

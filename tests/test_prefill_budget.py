@@ -1,7 +1,7 @@
 """The chunked-prefill budget, steered to chunks of about `cycles` decoding cycles, against
 chunk costs of a fixed part plus a part per token (the shape measured on CPUs)."""
 
-from dcoco.engine.prefill import MIN_CHUNK, PrefillBudget
+from dcoco.engine.prefill import EXPLORE_EVERY, MIN_CHUNK, ChunkPlacement, PrefillBudget
 
 
 def chunk_seconds(tokens: int, fixed: float = 0.035, per_token: float = 0.00025) -> float:
@@ -57,3 +57,40 @@ def test_a_prompt_s_short_last_chunk_teaches_nothing_unless_it_ran_over() -> Non
     assert budget.tokens() == settled
     budget.observe_chunk(3, 0.5, allowed=settled)  # a stall: the budget backs off
     assert budget.tokens() == MIN_CHUNK
+
+
+def test_a_chunk_that_added_nothing_to_the_streams_step_doubles() -> None:
+    """Riding along a plain step, a chunk's cost is what it added to the step, which noise can
+    put at or below zero: the budget grows as for any cheap chunk."""
+    budget = PrefillBudget(cap=256, cycles=2.0)
+    budget.observe_cycle(0.022)
+    budget.observe_chunk(MIN_CHUNK, -0.001, allowed=MIN_CHUNK)
+    assert budget.tokens() == 2 * MIN_CHUNK
+
+
+def test_chunks_go_where_they_were_measured_to_add_less_and_the_other_way_is_retried() -> None:
+    """Riding along costs 1 ms a token here and a forward of its own 2 ms: after trying each
+    once, chunks ride along, except every EXPLORE_EVERY-th, which checks the other way; when
+    riding along turns dear (a CPU whose wide forwards are slow), they move."""
+    placement = ChunkPlacement()
+    cost = {True: 0.016, False: 0.032}  # seconds a 16-token chunk adds
+    ways = []
+    for _ in range(4 * EXPLORE_EVERY):
+        way = placement.alongside()
+        ways.append(way)
+        placement.observe(way, 16, cost[way])
+    assert ways[:2] == [True, False]
+    assert ways.count(False) == 1 + 4  # its first try, then every EXPLORE_EVERY-th chunk
+    cost[True] = 0.2
+    later = []
+    for _ in range(3 * EXPLORE_EVERY):
+        way = placement.alongside()
+        later.append(way)
+        placement.observe(way, 16, cost[way])
+    assert later[0]  # one dear ride,
+    assert later[1:].count(True) == 3  # then only the checks
+
+
+def test_a_forced_placement_is_never_measured_against_the_other() -> None:
+    assert all(ChunkPlacement(forced=True).alongside() for _ in range(20))
+    assert not any(ChunkPlacement(forced=False).alongside() for _ in range(20))

@@ -228,9 +228,12 @@ def gaps(
     long_prompt: list[int],
     budget: int,
     cycles: float,
+    alongside: bool | None = None,
 ) -> tuple[float, float, float]:
     """8 streams decode, then a long prompt joins, prefilled `budget` tokens a step at most,
-    steered to `cycles` decoding cycles (0: `budget` every step). Returns the streams' median
+    steered to `cycles` decoding cycles (0: `budget` every step), its chunks in the streams'
+    forward, in their own, or where measured cheaper (`alongside` True, False, None). Returns
+    the streams' median
     gap between tokens over 10 steps before it joins, their largest gap from then until it has
     its first token, and that time to its first token, in seconds."""
     cfg = EngineConfig(
@@ -240,6 +243,7 @@ def gaps(
         precision=precision,
         prefill_tokens=budget,
         prefill_cycles=cycles,
+        prefill_alongside=alongside,
         compile=True,
     )
     engine = Engine(target, None, cfg)

@@ -13,7 +13,7 @@ import torch
 from dcoco.engine.accounting import CycleBook, provenance, report
 from dcoco.engine.checks import check_models
 from dcoco.engine.outputs import Completion, RequestOutput, StepResult
-from dcoco.engine.prefill import MIN_CHUNK, UNBOUNDED, PrefillBudget
+from dcoco.engine.prefill import MIN_CHUNK, UNBOUNDED, ChunkPlacement, PrefillBudget
 from dcoco.engine.runner import ContextUpdate, ModelRunner
 from dcoco.engine.scheduler import Scheduler
 from dcoco.engine.sequence import Sequence
@@ -57,6 +57,7 @@ class Engine:
         self.runner = ModelRunner(target, drafter, cfg, self.max_model_len, block, top_k)
         self.scheduler = Scheduler(cfg.max_batch_size)
         self.prefill_budget = PrefillBudget(cfg.prefill_tokens, cfg.prefill_cycles)
+        self.chunk_placement = ChunkPlacement(cfg.prefill_alongside)
         self.planner = VerifyPlanner(block) if cfg.adaptive and block else None
         if self.planner is not None and self.costs is not None:
             self.planner.start_from(self.costs.seconds[cfg.precision.value])
@@ -117,18 +118,27 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> StepResult:
+        """Admits waiting prompts, then runs one cycle of the running sequences. Prompts being
+        prefilled while others run get a chunk each step, after the cycle or, where that adds
+        less, in a plain step's own forward (`_decode`); with nothing running, before the
+        cycle, which the prompts done then join."""
         result = StepResult()
         self.scheduler.admit()
-        if self.scheduler.prefilling:
-            self._prefill(result)
+        beside = bool(self.scheduler.running) and not self.cfg.feature_layers  # `_share`
+        if self.scheduler.prefilling and not beside:
+            self._prefill(result, list(self.scheduler.prefilling))
             self._release_finished()
         active = self.scheduler.running
+        prefilling = list(self.scheduler.prefilling) if beside else []
         if active:
             start = time.perf_counter()
             result.cycles = (
-                self._speculate(active, result) if self.block else self._decode(active, result)
+                self._speculate(active, result, prefilling)
+                if self.block
+                else self._decode(active, result, prefilling)
             )
-            self.prefill_budget.observe_cycle(time.perf_counter() - start)
+            if not prefilling:
+                self.prefill_budget.observe_cycle(time.perf_counter() - start)
         self._release_finished()
         return result
 
@@ -161,17 +171,35 @@ class Engine:
         ]
         return completions, cycles
 
-    def _prefill(self, result: StepResult) -> None:
-        """One chunk of every prompt being prefilled; a prompt now wholly cached gets its first
-        token and its sequence joins the running ones."""
-        seqs = self.scheduler.prefilling
-        share = self._share(seqs)
-        chunks = [min(len(s.prompt_ids) - s.num_cached, share) for s in seqs]
+    def _prefill(self, result: StepResult, seqs: list[Sequence]) -> tuple[int, float]:
+        """One chunk of every prompt being prefilled, in a forward of their own; returns the
+        chunks' tokens and seconds."""
+        chunks = self._chunks(seqs)
         start = time.perf_counter()
         logits, context = self.runner.prefill(seqs, chunks)  # [N, V]
+        seconds = time.perf_counter() - start
+        self._chunked(seqs, chunks, logits, context, result, seconds)
+        return sum(chunks), seconds
+
+    def _chunks(self, seqs: list[Sequence]) -> list[int]:
+        share = self._share(seqs)
+        return [min(len(s.prompt_ids) - s.num_cached, share) for s in seqs]
+
+    def _chunked(
+        self,
+        seqs: list[Sequence],
+        chunks: list[int],
+        logits: torch.Tensor,
+        context: ContextUpdate,
+        result: StepResult,
+        seconds: float,
+    ) -> None:
+        """Books a step's chunks (next-token logits [N, V] after each): a prompt now wholly
+        cached gets its first token and its sequence joins the running ones. `seconds`: what
+        the chunks added to the step, which steers the budget while others decode."""
         self.runner.extend_context(context)
+        share = self._share(seqs)
         if share < UNBOUNDED:
-            seconds = time.perf_counter() - start
             self.prefill_budget.observe_chunk(sum(chunks), seconds, share * len(seqs))
         for seq, chunk in zip(seqs, chunks, strict=True):
             seq.num_cached += chunk
@@ -192,10 +220,21 @@ class Engine:
             return UNBOUNDED
         return max(MIN_CHUNK, self.prefill_budget.tokens() // len(seqs))
 
-    def _decode(self, seqs: list[Sequence], result: StepResult) -> list[CycleStats]:
-        """One plain step: vanilla mode, or a speculative cycle that verifies nothing."""
+    def _decode(
+        self, seqs: list[Sequence], result: StepResult, prefilling: list[Sequence]
+    ) -> list[CycleStats]:
+        """One plain step: vanilla mode, or a speculative cycle that verifies nothing. The
+        prompts `prefilling` get their chunks in the same forward or after it in their own,
+        whichever `chunk_placement` finds adds less to the step."""
+        alongside = bool(prefilling) and self.chunk_placement.alongside()
         start = time.perf_counter()
-        logits, context = self.runner.decode(seqs)  # [N, V]
+        if alongside:
+            chunks = self._chunks(prefilling)
+            (logits, context), chunked = self.runner.decode_with_chunks(
+                seqs, prefilling, chunks
+            )  # [N, V]
+        else:
+            logits, context = self.runner.decode(seqs)  # [N, V]
         self.runner.defer_context(seqs, context, [1] * len(seqs))
         tokens = self._sample(seqs, logits).tolist()  # [N]
         elapsed = time.perf_counter() - start
@@ -205,6 +244,12 @@ class Engine:
             book.record(seq, SpecStats(verifications=1), 1)
             kept = seq.append([token])
             report(seq, kept, result, provenance(0, None), (), self._features(context, row, 1))
+        if alongside:
+            added = elapsed - self.prefill_budget.per_cycle  # what the chunks cost the step
+            self._chunked(prefilling, chunks, *chunked, result, added)
+            self.chunk_placement.observe(True, sum(chunks), added)
+        elif prefilling:
+            self.chunk_placement.observe(False, *self._prefill(result, prefilling))
         return book.cycles()
 
     def _features(self, context: ContextUpdate, row: int, count: int) -> torch.Tensor | None:
@@ -213,10 +258,14 @@ class Engine:
             return None
         return context.features[row, :count].clone()  # [count, F]
 
-    def _speculate(self, seqs: list[Sequence], result: StepResult) -> list[CycleStats]:
+    def _speculate(
+        self, seqs: list[Sequence], result: StepResult, prefilling: list[Sequence]
+    ) -> list[CycleStats]:
         """Draft for the sequences that speculate (the drafter for DFlash and DCOCO, which the
         corrector then re-selects; prompt lookup for n-gram), then verify every sequence: one
-        that drafted nothing verifies only its own next token."""
+        that drafted nothing verifies only its own next token. The prompts `prefilling` get
+        their chunk in the plain step's forward when the cycle verifies nothing, else after
+        the cycle in their own."""
         self.runner.flush_context([s for s in seqs if s.pending_positions >= MAX_PENDING_CONTEXT])
         speculating = [row for row, s in enumerate(seqs) if s.mode is not Mode.VANILLA]
         k = self._plan(seqs) if speculating else 0
@@ -229,8 +278,9 @@ class Engine:
         if not drafting:  # verify no wider than the longest lookup
             k = max((len(found) for found in looked_up.values()), default=0)
         if k == 0:
-            cycles = self._decode(seqs, result)
-            self._observe(seqs, 0, [], 0.0, sum(c.seconds["total"] for c in cycles[:1]))
+            cycles = self._decode(seqs, result, prefilling)
+            if not prefilling:  # a step that carried chunks says nothing of a plain step's cost
+                self._observe(seqs, 0, [], 0.0, sum(c.seconds["total"] for c in cycles[:1]))
             return cycles
         t0 = time.perf_counter()
         proposed: list[list[int]] = [looked_up.get(row, []) for row in range(len(seqs))]
@@ -265,6 +315,8 @@ class Engine:
             seq.num_cached += held + 1
             self._cycle_row(seq, book, result, held, index, mine, tokens)
         self._observe(seqs, k, [accepted[row] for row in speculating], t2 - t0, t3 - t2)
+        if prefilling:
+            self._prefill(result, prefilling)
         return book.cycles()
 
     def _cycle_row(

@@ -1,22 +1,25 @@
 """How many prompt tokens a step may prefill while other sequences are decoding.
 
-A step runs the prompts' chunk, then the running streams' cycle, so a chunk delays every stream
-by its own time. A chunk's time is a fixed part (every weight is read once, however few its
-tokens) plus a part per token: on the AMX Xeon, int4, 16 tokens took 35 ms and 128 tokens
-63 ms beside a 22 ms cycle of 8 streams. So neither a token count nor a rate per token fits
-every CPU, precision and batch, and the budget is steered instead: it starts at MIN_CHUNK, and
-after each chunk scales by how far that chunk's time was from `cycles` decoding cycles (at most
+A chunk delays every running stream by what it adds to their step. Where the streams take a
+plain step, the chunk runs in the same forward (`ModelRunner.decode_with_chunks`): each weight
+is read once for both, and the chunk adds only its tokens' work. After a verifying cycle it runs
+in a forward of its own and adds its whole time, a fixed part (every weight read once, however
+few its tokens) plus a part per token: on the AMX Xeon, int4, 16 tokens took 35 ms and 128
+tokens 63 ms beside a 22 ms cycle of 8 streams. So neither a token count nor a rate per token
+fits every CPU, precision and batch, and the budget is steered instead: it starts at MIN_CHUNK,
+and after each chunk scales by how far what it added was from `cycles` decoding cycles (at most
 doubling or halving), so the streams' gap between tokens stays within about 1 + `cycles` of
 its usual. `cap` (DCOCO_PREFILL_TOKENS) bounds it; with `cycles` 0 (DCOCO_PREFILL_CYCLES) every
 step takes `cap` tokens, whatever they cost. Where the fixed part alone exceeds `cycles`, the
 chunks stay at MIN_CHUNK: the prompt still advances, slowly.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MIN_CHUNK = 16  # prompt tokens a prefilling sequence gets per step at least
 UNBOUNDED = 2**62  # a sequence's share of a step that prefills whole prompts
-RATE = 0.2  # weight of each new cycle's time in the running mean
+RATE = 0.2  # weight of each new measurement in a running mean
+EXPLORE_EVERY = 8  # chunks: one in this many runs the way `ChunkPlacement` did not choose
 
 
 @dataclass
@@ -32,16 +35,49 @@ class PrefillBudget:
 
     def observe_chunk(self, tokens: int, seconds: float, allowed: int) -> None:
         """A step's chunk of `tokens` prompt tokens (of `allowed`), taken while streams
-        decode, took `seconds`. A chunk short of what it was allowed (a prompt's last) that
-        stayed within the target says nothing of what a full one would cost: it changes
-        nothing."""
+        decode, added `seconds` to their step. A chunk short of what it was allowed (a
+        prompt's last) that stayed within the target says nothing of what a full one would
+        cost: it changes nothing."""
         target = self.cycles * self.per_cycle
-        if not target or seconds <= 0 or (tokens < allowed and seconds <= target):
+        if not target or (tokens < allowed and seconds <= target):
             return
-        scale = min(2.0, max(0.5, target / seconds))
+        scale = min(2.0, max(0.5, target / seconds)) if seconds > 0 else 2.0
         self.chunk = max(MIN_CHUNK, min(self.cap, int(max(tokens, MIN_CHUNK) * scale)))
 
     def observe_cycle(self, seconds: float) -> None:
         self.per_cycle = (
             seconds if not self.per_cycle else (self.per_cycle * (1 - RATE) + seconds * RATE)
         )
+
+
+@dataclass
+class ChunkPlacement:
+    """Where a chunk runs when the streams take a plain step: in their forward, reading each
+    weight once for both, or in a forward of its own. Which adds less to the streams' step
+    depends on the CPU: where a wide forward costs about what a narrow one does (AMX), riding
+    along saves the chunk's own weight reads; where cost grows with rows, the chunk's forces
+    the streams' rows off their narrow kernels (the quantized linears switch to dense weights
+    at the width the two make together) and off their compiled graphs, and its own forward
+    costs no more. So it is measured: each way's seconds added per chunk token (a running
+    mean), the cheaper way taken, and every EXPLORE_EVERY-th chunk the other. `forced` fixes
+    the way instead (`EngineConfig.prefill_alongside`)."""
+
+    forced: bool | None = None
+    added: dict[bool, float] = field(default_factory=dict)  # alongside -> seconds per token
+    chunks: int = 0
+
+    def alongside(self) -> bool:
+        if self.forced is not None:
+            return self.forced
+        self.chunks += 1
+        untried = [way for way in (True, False) if way not in self.added]
+        if untried:
+            return untried[0]
+        cheaper = self.added[True] <= self.added[False]
+        return not cheaper if self.chunks % EXPLORE_EVERY == 0 else cheaper
+
+    def observe(self, alongside: bool, tokens: int, seconds: float) -> None:
+        """A chunk of `tokens` run that way added `seconds` to the streams' step."""
+        per_token = max(seconds, 0.0) / max(tokens, 1)
+        mean = self.added.get(alongside)
+        self.added[alongside] = per_token if mean is None else mean * (1 - RATE) + per_token * RATE

@@ -15,7 +15,7 @@ from dcoco.engine.kv_cache import CacheView, KVCache
 from dcoco.engine.scheduler import Move
 from dcoco.engine.sequence import Sequence
 from dcoco.engine.stalls import StallGuard
-from dcoco.model.causal_lm import CausalLM
+from dcoco.model.causal_lm import Batch, CausalLM
 from dcoco.model.layers import LayerCall, set_attention_upcast
 from dcoco.model.packed import pack_linears
 from dcoco.model.quant import quantized_linears
@@ -128,7 +128,44 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, ContextUpdate]:
         """Caches the next chunks[i] prompt tokens of each sequence, after its num_cached;
         returns the next-token logits [N, V] after each row's chunk."""
-        lengths = torch.tensor(chunks)  # [N]
+        ids, view = self._chunk_inputs(seqs, chunks)  # [N, T]
+        hidden, feats = self._target(ids, view)  # [N, T, H], [N, T, F]
+        return self._chunk_logits(hidden, chunks), self._context(view, feats)  # [N, V]
+
+    def decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, ContextUpdate]:
+        """Vanilla step: the pending token of each sequence -> next-token logits [N, V]."""
+        ids, view = self._decode_inputs(seqs)  # [N, 1]
+        hidden, feats = self._target(ids, view)  # [N, 1, H], [N, 1, F]
+        return self.target.logits(hidden[:, 0]), self._context(view, feats)  # [N, V]
+
+    def decode_with_chunks(
+        self, seqs: list[Sequence], prefilling: list[Sequence], chunks: list[int]
+    ) -> tuple[tuple[torch.Tensor, ContextUpdate], tuple[torch.Tensor, ContextUpdate]]:
+        """`decode(seqs)` and `prefill(prefilling, chunks)` in one forward of the target
+        (`CausalLM.forward_groups`): every weight is read once for both. It runs eagerly."""
+        decode_ids, decode_view = self._decode_inputs(seqs)  # [N, 1]
+        chunk_ids, chunk_view = self._chunk_inputs(prefilling, chunks)  # [P, T]
+        batches = [
+            Batch(ids, view.positions, self.target_cache.source(view), view.mask)
+            for ids, view in ((decode_ids, decode_view), (chunk_ids, chunk_view))
+        ]
+        (decoded, decode_feats), (chunked, chunk_feats) = self.target.forward_groups(
+            batches, self.feature_layers
+        )  # [N, 1, H], [P, T, H] and their features
+        return (
+            (self.target.logits(decoded[:, 0]), self._context(decode_view, decode_feats)),
+            (self._chunk_logits(chunked, chunks), self._context(chunk_view, chunk_feats)),
+        )  # [N, V] and [P, V]
+
+    def _decode_inputs(self, seqs: list[Sequence]) -> tuple[torch.Tensor, CacheView]:
+        ids = torch.tensor([[s.last_token] for s in seqs])  # [N, 1]
+        positions = torch.tensor([[s.num_cached] for s in seqs])  # [N, 1]
+        length = max(s.num_cached for s in seqs) + 1
+        return ids, CacheView.build([s.slot for s in seqs], positions, positions, length)
+
+    def _chunk_inputs(
+        self, seqs: list[Sequence], chunks: list[int]
+    ) -> tuple[torch.Tensor, CacheView]:
         width = max(chunks)
         ids = torch.tensor(
             [
@@ -136,19 +173,13 @@ class ModelRunner:
                 for s, n in zip(seqs, chunks, strict=True)
             ]
         )  # [N, T]
-        view = self._ragged_view(seqs, torch.tensor([s.num_cached for s in seqs]), lengths)
-        hidden, feats = self._target(ids, view)  # [N, T, H], [N, T, F]
-        last = hidden[torch.arange(len(seqs)), lengths - 1]  # [N, H]
-        return self.target.logits(last), self._context(view, feats)  # [N, V]
+        starts = torch.tensor([s.num_cached for s in seqs])  # [N]
+        return ids, self._ragged_view(seqs, starts, torch.tensor(chunks))
 
-    def decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, ContextUpdate]:
-        """Vanilla step: the pending token of each sequence -> next-token logits [N, V]."""
-        ids = torch.tensor([[s.last_token] for s in seqs])  # [N, 1]
-        positions = torch.tensor([[s.num_cached] for s in seqs])  # [N, 1]
-        length = max(s.num_cached for s in seqs) + 1
-        view = CacheView.build([s.slot for s in seqs], positions, positions, length)
-        hidden, feats = self._target(ids, view)  # [N, 1, H], [N, 1, F]
-        return self.target.logits(hidden[:, 0]), self._context(view, feats)  # [N, V]
+    def _chunk_logits(self, hidden: torch.Tensor, chunks: list[int]) -> torch.Tensor:
+        """hidden [N, T, H] -> the next-token logits [N, V] after each row's chunk."""
+        last = hidden[torch.arange(len(chunks)), torch.tensor(chunks) - 1]  # [N, H]
+        return self.target.logits(last)  # [N, V]
 
     def draft(self, seqs: list[Sequence], slots: int | None = None) -> Draft:
         """One drafter pass over [pending token, B masks] for each sequence, after writing the

@@ -1,5 +1,7 @@
 """The target: a Qwen3 causal LM whose parameter names match Hugging Face's CausalLM."""
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -9,8 +11,20 @@ from dcoco.model.layers import (
     LayerCall,
     RMSNorm,
     Rotary,
+    Rows,
     TransformerConfig,
 )
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One batch of a forward over several (`CausalLM.forward_groups`): token ids and positions
+    [N, T], where its keys and values go and come from, and its mask [N, 1, T, L]."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    kv: KVSource | None
+    mask: torch.Tensor | None
 
 
 class Backbone(nn.Module):
@@ -65,6 +79,32 @@ class CausalLM(nn.Module):
                 features.append(x)
         feats = torch.cat(features, dim=-1) if features else None  # [N, T, F]
         return self.model.norm(x), feats  # [N, T, H]
+
+    def forward_groups(
+        self, groups: list[Batch], feature_layers: tuple[int, ...] = ()
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Several batches in one forward: each batch's `forward`, with every linear multiplying
+        all their tokens at once, so each weight is read once for all of them (a prompt's chunk
+        riding along the running streams' plain step). Each batch attends on its own."""
+        rows = []
+        for b in groups:
+            cos, sin = self.rotary(b.positions)  # [Ng, 1, Tg, D] each
+            rows.append(Rows(b.ids.shape[0], b.ids.shape[1], cos, sin, b.kv, b.mask))
+        embeds = [self.model.embed_tokens(b.ids).flatten(0, 1) for b in groups]  # [Ng*Tg, H]
+        x = torch.cat(embeds).unsqueeze(0)  # [1, M, H]
+        features = []
+        for i, layer in enumerate(self.model.layers):
+            assert isinstance(layer, DecoderLayer)
+            x = layer.forward_groups(x, rows)  # [1, M, H]
+            if i in feature_layers:
+                features.append(x)
+        sizes = [r.rows * r.width for r in rows]
+        hidden = self.model.norm(x)[0].split(sizes)  # [Ng*Tg, H] each
+        feats = torch.cat(features, dim=-1)[0].split(sizes) if features else [None] * len(rows)
+        return [
+            (h.view(r.rows, r.width, -1), f.view(r.rows, r.width, -1) if f is not None else None)
+            for r, h, f in zip(rows, hidden, feats, strict=True)
+        ]  # [Ng, Tg, H] and [Ng, Tg, F] or None each
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [..., V]

@@ -164,7 +164,21 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (x * cos + rotated * sin).to(x.dtype)  # [N, H, T, D]
 
 
-# Masked bf16 attention over fewer queries than this may run in fp32 (`Attention.forward`).
+@dataclass(frozen=True)
+class Rows:
+    """A batch of rows that attend alike: `rows` rows of `width` tokens, with their rotary
+    tables [N, 1, T, D], KV source and mask [N, 1, T, L]. A forward over several such groups at
+    once (`DecoderLayer.forward_groups`) shares every weight read between them."""
+
+    rows: int
+    width: int
+    cos: torch.Tensor
+    sin: torch.Tensor
+    kv: KVSource | None
+    mask: torch.Tensor | None
+
+
+# Masked bf16 attention over fewer queries than this may run in fp32 (`Attention._attend`).
 UPCAST_BELOW = 128
 
 
@@ -217,7 +231,48 @@ class Attention(nn.Module):
         kv: KVSource | None,
         mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        """x [N, T, hidden] -> [N, T, hidden]. Without a KV source, plain causal self-attention.
+        """x [N, T, hidden] -> [N, T, hidden]. Without a KV source, plain causal self-attention."""
+        q, k, v = self._project(x)  # [N, T, Hq*D], [N, T, Hkv*D] x2
+        return self.o_proj(self._attend(q, k, v, cos, sin, kv, mask))  # [N, T, hidden]
+
+    def forward_groups(self, x: torch.Tensor, groups: list[Rows]) -> torch.Tensor:
+        """x [1, M, hidden]: the tokens of `groups` one group after another -> [1, M, hidden].
+        The projections multiply all M tokens at once; each group attends on its own."""
+        q, k, v = self._project(x)  # [1, M, Hq*D], [1, M, Hkv*D] x2
+        sizes = [g.rows * g.width for g in groups]
+        parts = zip(groups, q.split(sizes, 1), k.split(sizes, 1), v.split(sizes, 1), strict=True)
+        out = [
+            self._attend(
+                gq.view(g.rows, g.width, -1),  # [Ng, Tg, Hq*D]
+                gk.view(g.rows, g.width, -1),  # [Ng, Tg, Hkv*D]
+                gv.view(g.rows, g.width, -1),  # [Ng, Tg, Hkv*D]
+                g.cos,
+                g.sin,
+                g.kv,
+                g.mask,
+            ).view(1, -1, q.shape[-1])  # [1, Ng*Tg, Hq*D]
+            for g, gq, gk, gv in parts
+        ]
+        return self.o_proj(torch.cat(out, dim=1))  # [1, M, hidden]
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x [N, T, hidden] -> q [N, T, Hq*D], k and v [N, T, Hkv*D]."""
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = self.qkv_proj(x).split(self.widths, dim=-1)
+        return q, k, v
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv: KVSource | None,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Projected q [N, T, Hq*D], k and v [N, T, Hkv*D] -> attention output [N, T, Hq*D].
 
         Masked bf16 attention over few queries (decoding, verifying, drafting a block) runs
         on fp32 copies unless `upcast` is off. Which is faster depends on the CPU: bf16 SDPA
@@ -225,11 +280,7 @@ class Attention(nn.Module):
         1.5x faster on one with AMX (a bf16 plain step at batch 64). Engines measure it
         (`precision.attention_upcast`). Long prefills and training's many blocks stay in bf16.
         """
-        n, t, _ = x.shape
-        if self.qkv_proj is None:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # [N, T, Hq*D], [N, T, Hkv*D]
-        else:
-            q, k, v = self.qkv_proj(x).split(self.widths, dim=-1)  # [N, T, Hq*D], [N, T, Hkv*D]
+        n, t, _ = q.shape
         q = self.q_norm(q.view(n, t, self.heads, self.head_dim))  # [N, T, Hq, D]
         q = apply_rotary(q.transpose(1, 2), cos, sin)  # [N, Hq, T, D]
         k, v = self._rotate_kv(k, v, cos, sin)  # [N, Hkv, T, D] each
@@ -245,7 +296,7 @@ class Attention(nn.Module):
             is_causal=kv is None and mask is None,
             enable_gqa=True,
         ).to(q.dtype)  # [N, Hq, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(n, t, self.heads * self.head_dim))
+        return out.transpose(1, 2).reshape(n, t, self.heads * self.head_dim)  # [N, T, Hq*D]
 
 
 def set_attention_upcast(model: nn.Module, upcast: bool) -> None:
@@ -325,6 +376,11 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, mask)  # [N, T, hidden]
         return x + self.mlp(self.post_attention_layernorm(x))  # [N, T, hidden]
+
+    def forward_groups(self, x: torch.Tensor, groups: list[Rows]) -> torch.Tensor:
+        """x [1, M, hidden], the groups' tokens one group after another -> [1, M, hidden]."""
+        x = x + self.self_attn.forward_groups(self.input_layernorm(x), groups)  # [1, M, hidden]
+        return x + self.mlp(self.post_attention_layernorm(x))  # [1, M, hidden]
 
 
 # (layer, x [N, T, H], cos [N, 1, T, D], sin [N, 1, T, D]) -> x [N, T, H]: runs one decoder

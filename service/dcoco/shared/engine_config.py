@@ -23,6 +23,11 @@ class EngineConfig:
     # `prefill_cycles` decoding cycles (engine/prefill.py); 0 takes the cap every step.
     prefill_tokens: int = 256
     prefill_cycles: float = 2.0
+    # Where the prompts' chunk runs when the streams take a plain step: in their forward
+    # (True, `ModelRunner.decode_with_chunks`), in its own (False), or whichever adds less to
+    # their step, measured (None, `prefill.ChunkPlacement`). Forced ways are comparisons
+    # (`make bench-core`).
+    prefill_alongside: bool | None = None
     max_model_len: int | None = None  # prompt plus generated tokens; None: the target's limit
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)  # end a sequence on these
     seed: int = 0  # for sampled requests that bring no seed of their own
