@@ -274,7 +274,7 @@ def test_long_prompts_join_in_chunks_while_others_decode(pair: Pair, mode: Mode)
 @pytest.mark.parametrize("alongside", [True, False])
 @pytest.mark.parametrize("mode", [Mode.VANILLA, Mode.DCOCO])
 def test_a_plain_step_carries_the_prompts_chunks_in_its_own_forward(
-    pair: Pair, mode: Mode, alongside: bool
+    pair: Pair, mode: Mode, alongside: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While a stream takes plain steps, a 60-token prompt's chunks ride along them: one
     target forward a step for both (`prefill_alongside`), or the chunk's own forward and the
@@ -286,8 +286,13 @@ def test_a_plain_step_carries_the_prompts_chunks_in_its_own_forward(
     forwards: list[str] = []
     target = eng.runner.target
     plain, grouped = target.forward, target.forward_groups
-    target.forward = lambda *a, **kw: forwards.append("one") or plain(*a, **kw)  # type: ignore[method-assign]
-    target.forward_groups = lambda *a, **kw: forwards.append("both") or grouped(*a, **kw)  # type: ignore[method-assign]
+    # Counted on the shared fixture's target, so undone after the test (monkeypatch).
+    monkeypatch.setattr(
+        target, "forward", lambda *a, **kw: forwards.append("one") or plain(*a, **kw)
+    )
+    monkeypatch.setattr(
+        target, "forward_groups", lambda *a, **kw: forwards.append("both") or grouped(*a, **kw)
+    )
     prompts = {"r0": [3, 1, 4], "p1": [i % 14 for i in range(60)]}
     outputs: dict[str, list[int]] = {name: [] for name in prompts}
     eng.add_request("r0", prompts["r0"], SamplingParams(max_tokens=30, speculation=Mode.VANILLA))
