@@ -3,6 +3,11 @@
 import copy
 import json
 import logging
+import math
+import os
+import subprocess
+import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,11 +29,13 @@ from dcoco.precision import (
     attention_upcast,
     cache_file,
     cache_key,
+    cached,
     cost_table,
     current_precision,
     dense_crossover,
     widths,
 )
+from dcoco.shared.contention import waited_seconds
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams
@@ -155,6 +162,16 @@ def test_the_fastest_is_the_lowest_geometric_mean() -> None:
     assert widths(3) == (1, 2)
 
 
+@pytest.fixture
+def any_load() -> object:
+    """Caches every measurement however busy the machine: the tests that use it are about
+    what is cached and read back, not about when a measurement is trusted."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(precision, "QUIET_SHARE", math.inf)
+        yield
+
+
+@pytest.mark.usefixtures("any_load")
 def test_auto_measures_once_caches_and_survives_a_corrupt_cache(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -214,6 +231,7 @@ def test_small_bf16_attention_in_fp32_or_bf16_gives_the_same_answer_within_round
     torch.testing.assert_close(bf16, unmasked, rtol=0.05, atol=0.05)
 
 
+@pytest.mark.usefixtures("any_load")
 def test_the_attention_choice_is_measured_once_cached_and_applied_by_engines(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -250,6 +268,7 @@ def test_the_attention_choice_is_measured_once_cached_and_applied_by_engines(
     assert key in json.loads(cache_file(tmp_path).read_text())
 
 
+@pytest.mark.usefixtures("any_load")
 def test_the_dense_crossover_is_measured_once_cached_and_applied_by_engines(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -281,3 +300,35 @@ def test_the_dense_crossover_is_measured_once_cached_and_applied_by_engines(
         dense_crossover(quantized, tmp_path)
     assert "unreadable" in caplog.text
     assert json.loads(cache_file(tmp_path).read_text())[key]["layers"] in allowed
+
+
+def spin(seconds: float) -> dict[str, int]:
+    """A measurement's stand-in: one thread busy for `seconds`."""
+    end, turns = time.perf_counter() + seconds, 0
+    while time.perf_counter() < end:
+        turns += 1
+    return {"turns": turns}
+
+
+@pytest.mark.skipif(waited_seconds() is None, reason="this kernel does not report run-queue time")
+def test_a_measurement_that_waited_for_its_cpu_serves_this_start_but_is_not_cached(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cpu = min(os.sched_getaffinity(0))
+    mine = os.sched_getaffinity(0)
+    hog = subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"],
+        preexec_fn=lambda: os.sched_setaffinity(0, {cpu}),
+    )
+    os.sched_setaffinity(0, {cpu})  # this thread only: it shares its one CPU with the hog
+    try:
+        with caplog.at_level(logging.WARNING):
+            value = cached(tmp_path, "busy", lambda: spin(0.6), dict, dict)
+    finally:
+        os.sched_setaffinity(0, mine)
+        hog.kill()
+        hog.wait()
+    assert value["turns"] > 0  # the busy measurement still serves
+    assert "not cached" in caplog.text
+    assert "waited for a CPU" in caplog.text
+    assert not cache_file(tmp_path).exists()

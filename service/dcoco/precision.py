@@ -36,6 +36,7 @@ from dcoco.model.quant import (
     quantize_linears,
     quantized_linears,
 )
+from dcoco.shared.contention import Contention
 from dcoco.shared.options import Precision
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,10 @@ MEASURED = (Precision.FP32, Precision.BF16, Precision.INT8, Precision.INT4)
 # Timed forwards per width, after one warm-up. The fastest counts: other work on the machine
 # only ever adds time, and a table is cached for good, so one noisy start must not decide it.
 REPEATS = 3
+# Seconds this process's threads may wait for a CPU, per wall second of a measurement, for the
+# measurement to be cached: about 0.01 on a quiet machine, near 1 with another process on
+# one of two cores (`shared/contention.py`).
+QUIET_SHARE = 0.1
 # The engine's own kernels, part of every cache key: bumped when a change to them (bf16
 # weights packed for oneDNN: 2) makes earlier measurements stale.
 KERNELS = 2
@@ -176,7 +181,11 @@ def cached(
 ) -> T:
     """The entry `key` of this CPU's cache file read back with `read`, or `measure_fresh()`
     stored with `write`. An entry that cannot be read is measured afresh, with a warning. The
-    file is read again before the write: a measurement may store entries of its own."""
+    file is read again before the write: a measurement may store entries of its own.
+
+    A measurement during which this process waited for its CPUs (other work on the machine)
+    serves this start only: it is not stored, so the next start measures again rather than
+    keeping a busy moment's timings for good."""
     path = cache_file(cache_dir)
     try:
         entries = _entries(path)
@@ -184,7 +193,16 @@ def cached(
             return read(entries[key])
     except UNREADABLE as bad:
         log.warning("precision cache %s unreadable (%s); measuring again", path, bad)
-    value = measure_fresh()
+    with Contention() as contention:
+        value = measure_fresh()
+    if contention.share > QUIET_SHARE:
+        log.warning(
+            "precision measurement %s not cached: its threads waited for a CPU %.0f%% of the "
+            "time, so other work shared this machine; the next start measures again",
+            key,
+            100 * contention.share,
+        )
+        return value
     try:
         entries = _entries(path)
     except UNREADABLE:
