@@ -89,7 +89,7 @@ def test_compiled_layers_serve_what_the_eager_ones_do(monkeypatch: pytest.Monkey
         assert part.done.wait(timeout=600)
         assert part.error is None
     width = fast.block + 1
-    assert target.compiled == warm_shapes(3, width, None)  # plain steps, verifies
+    assert target.compiled == warm_shapes(3, width, None)  # plain steps, verifies, chunks
     assert drafter.compiled == [(1, width), (2, width)]  # every draft: the pending token + B
     exported = worker_metrics(fast)
     for name, ready in (("target", target.compiled), ("drafter", drafter.compiled)):
@@ -121,6 +121,23 @@ def worker_metrics(served: Engine) -> dict[str, float]:
     settings = SimpleNamespace(engine="torch", precision=served.cfg.precision)
     adopt_engine_metrics(settings, SimpleNamespace(engine=served), metrics)  # type: ignore[arg-type]
     return metric_values(generate_latest(metrics.registry).decode())
+
+
+def test_a_vanilla_engine_compiles_the_classes_its_prompts_take(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A vanilla engine never verifies, but its prompts' chunks (and whole prompts) are
+    several tokens a row: those classes compile too, so prefilling beside streams is cheap."""
+    monkeypatch.setattr(stalls, "STRIKES", 10**9)
+    plain = engine(Precision.BF16, compile=True, mode=Mode.VANILLA)
+    layers = plain.runner.compiled
+    assert layers is not None
+    assert layers.done.wait(timeout=600)
+    assert layers.compiled == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    with eager_attention_calls() as calls:
+        completions, _ = plain.generate(PROMPTS, PARAMS)  # 3 prompts, up to 8 tokens each
+    assert calls[0] == 0
+    assert all(len(c.token_ids) == PARAMS.max_tokens for c in completions)
 
 
 def test_fp32_stays_eager() -> None:

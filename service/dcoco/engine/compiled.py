@@ -9,8 +9,8 @@ dynamo specializes sizes 0 and 1, and the quantized linears branch on their row 
 and so on each get a graph; the drafter's layers (bf16, unquantized) get their own.
 `CompiledLayers` compiles the classes a model's forwards fall in, on a thread, on scratch
 caches; serving calls only run what is already compiled (`torch._dynamo.run`): until a class
-is ready, and for shapes no warm-up compiled (long prefills), the layer runs eagerly. A
-serving step never waits for a compile.
+is ready, and for shapes no warm-up compiled, the layer runs eagerly. A serving step never
+waits for a compile.
 
 Compiled kernels live in inductor's cache (TORCHINDUCTOR_CACHE_DIR, by default under the
 engine's cache folder), so a restart recompiles in seconds rather than a minute.
@@ -71,8 +71,8 @@ _run = torch._dynamo.run(_layer)  # compiled graphs only; eager where none match
 
 
 def warm_shapes(max_batch: int, widths: int, dense_from: int | None) -> list[tuple[int, int]]:
-    """One (rows, tokens) example of each shape class the engine's plain steps (1 token a row)
-    and verifies (2 to `widths` tokens) fall in, most used first."""
+    """One (rows, tokens) example of each shape class the engine's plain steps (1 token a row),
+    verifies and prompts' chunks (2 to `widths` tokens) fall in, most used first."""
     shapes = [(1, 1), (1, 2), (2, 1), (2, 2)]
     if dense_from is not None:  # the quantized linears' dense branch, where steps reach it
         shapes += [(1, dense_from)] if widths >= dense_from > 1 else []

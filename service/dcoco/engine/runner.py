@@ -108,7 +108,10 @@ class ModelRunner:
             ids = torch.zeros_like(positions)  # [N, T], token 0 everywhere
             return target(ids, positions, mask=mask, call=call)
 
-        shapes = warm_shapes(cfg.max_batch_size, self.block + 1, dense_from)
+        # Prompts' chunks, up to prefill_tokens a row, fall in the verifies' classes: compiled
+        # for vanilla engines too, a chunk beside decoding streams costs them less.
+        widths = max(self.block + 1, cfg.prefill_tokens)
+        shapes = warm_shapes(cfg.max_batch_size, widths, dense_from)
         self.compiled = CompiledLayers(target_forward, self.target_cache, shapes)
         self.compiled.start(cfg.cache_dir)
         if drafter is None or self.drafter_cache is None:
