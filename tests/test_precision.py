@@ -332,3 +332,9 @@ def test_a_measurement_that_waited_for_its_cpu_serves_this_start_but_is_not_cach
     assert "not cached" in caplog.text
     assert "waited for a CPU" in caplog.text
     assert not cache_file(tmp_path).exists()
+
+    def fail() -> dict[str, int]:
+        raise AssertionError("measured again")
+
+    # the rest of this process reads the same measurement: its engines run one precision
+    assert cached(tmp_path, "busy", fail, dict, dict) == value

@@ -170,6 +170,8 @@ def cache_key(target: CausalLM, settings: tuple[object, ...]) -> str:
 
 
 UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError)
+# Measurements taken while the machine was busy, by cache file and key: this process's only.
+_BUSY: dict[tuple[Path, str], object] = {}
 
 
 def cached(
@@ -184,8 +186,10 @@ def cached(
     file is read again before the write: a measurement may store entries of its own.
 
     A measurement during which this process waited for its CPUs (other work on the machine)
-    serves this start only: it is not stored, so the next start measures again rather than
-    keeping a busy moment's timings for good."""
+    serves this process only: it is not stored, so the next start measures again rather than
+    keeping a busy moment's timings for good, while every engine of this process reads the
+    same one (vanilla and speculative engines then run one precision, and print the same
+    tokens)."""
     path = cache_file(cache_dir)
     try:
         entries = _entries(path)
@@ -193,6 +197,8 @@ def cached(
             return read(entries[key])
     except UNREADABLE as bad:
         log.warning("precision cache %s unreadable (%s); measuring again", path, bad)
+    if (path, key) in _BUSY:
+        return _BUSY[path, key]  # type: ignore[return-value]
     with Contention() as contention:
         value = measure_fresh()
     if contention.share > QUIET_SHARE:
@@ -202,6 +208,7 @@ def cached(
             key,
             100 * contention.share,
         )
+        _BUSY[path, key] = value
         return value
     try:
         entries = _entries(path)
