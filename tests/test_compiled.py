@@ -140,6 +140,25 @@ def test_a_vanilla_engine_compiles_the_classes_its_prompts_take(
     assert all(len(c.token_ids) == PARAMS.max_tokens for c in completions)
 
 
+def test_a_short_cache_compiles_its_wide_classes_within_it() -> None:
+    """An int4 engine whose prompts may be longer than the cache has room for after the
+    warm-up's usual 64 positions: every class still compiles (the dense one, from the measured
+    crossover of at most 33 rows, included), warmed within the cache."""
+    cfg = EngineConfig(
+        mode=Mode.VANILLA,
+        max_batch_size=2,
+        max_model_len=40,
+        precision=Precision.INT4,
+        compile=True,
+    )
+    short = Engine(make_target(hidden=64, vocab=64), None, cfg)
+    layers = short.runner.compiled
+    assert layers is not None
+    assert layers.done.wait(timeout=600)
+    assert layers.error is None
+    assert layers.compiled == layers.shapes
+
+
 def test_fp32_stays_eager() -> None:
     exact = engine(Precision.FP32, compile=True)
     assert exact.runner.compiled is None

@@ -37,7 +37,8 @@ from dcoco.model.layers import DecoderLayer, LayerCall
 
 log = logging.getLogger(__name__)
 
-# Context length the warm-up compiles at: any length of at least 2 shares the graph.
+# Context length the warm-up compiles at, where the cache holds it beside the class's tokens:
+# any length of at least 2 shares the graph.
 WARM_CONTEXT = 64
 
 
@@ -151,8 +152,10 @@ class CompiledLayers:
     def _warm_class(self, n: int, t: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """One forward of n rows of t tokens through the compiling wrapper."""
         rows = torch.arange(n).unsqueeze(1)  # [N, 1]
-        positions = (WARM_CONTEXT + torch.arange(t)).repeat(n, 1)  # [N, T]
-        keys = torch.arange(WARM_CONTEXT + t)  # [L]
+        # L stays short of the cache's length C, which a guard would otherwise pin
+        context = min(WARM_CONTEXT, self.cache.k[0].shape[2] - t - 1)
+        positions = (context + torch.arange(t)).repeat(n, 1)  # [N, T]
+        keys = torch.arange(context + t)  # [L]
         mask = (keys.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)  # [N, 1, T, L]
 
         def warm(

@@ -89,7 +89,7 @@ class ModelRunner:
         self.compiled_drafter: CompiledLayers | None = None
         self.stalls = StallGuard()  # eager layers while compiled forwards stall
         if cfg.compile and cfg.precision is not Precision.FP32:
-            self._start_compiling(cfg)
+            self._start_compiling(cfg, max_model_len)
 
     def wait_compiled(self) -> None:
         """Blocks until both models' layers are compiled, or failed to: for measuring the
@@ -98,7 +98,7 @@ class ModelRunner:
             if part is not None:
                 part.done.wait()
 
-    def _start_compiling(self, cfg: EngineConfig) -> None:
+    def _start_compiling(self, cfg: EngineConfig, max_model_len: int) -> None:
         """Compiles the target's layers and the drafter's on background threads, for the
         shapes this engine's steps take (`engine/compiled.py`)."""
         target, drafter = self.target, self.drafter
@@ -110,7 +110,7 @@ class ModelRunner:
 
         # Prompts' chunks, up to prefill_tokens a row, fall in the verifies' classes: compiled
         # for vanilla engines too, a chunk beside decoding streams costs them less.
-        widths = max(self.block + 1, cfg.prefill_tokens)
+        widths = max(self.block + 1, min(cfg.prefill_tokens, max_model_len))
         shapes = warm_shapes(cfg.max_batch_size, widths, dense_from)
         self.compiled = CompiledLayers(target_forward, self.target_cache, shapes)
         self.compiled.start(cfg.cache_dir)
