@@ -26,3 +26,14 @@ def test_tables_compare_every_server_with_plain_and_state_the_goals() -> None:
     assert "(goal at most +5 ms: missed)" in text
     assert "adaptive DCOCO 1.25x (1.20-1.30) of the best fixed policy (vllm-plain)" in text
     assert "tokens/s 0.98x (goal at least 0.97x)" in text
+
+
+def test_the_cpu_table_splits_each_server_by_role_and_leaves_unmeasured_cells_out() -> None:
+    cpu = {"cpu_engine_ms": 6.0, "cpu_front_ms": 1.25, "cpu_client_ms": 0.5}
+    results: Results = {
+        "vllm-plain": {(0, "greedy", 1): cell(100) | cpu},
+        "gateway+vllm-adaptive": {(0, "greedy", 1): cell(90)},  # measured without CPU figures
+    }
+    text = tables(results, ["greedy"], [1], "heading")
+    assert "| vllm-plain | 6.0 / 1.2 / 0.5 |" in text
+    assert "| gateway+vllm-adaptive | n/m |" in text

@@ -8,9 +8,10 @@ our gateway in front of adaptive DCOCO (`vllm_servers.SERVERS`), on one model pa
 Servers run one at a time, with a pause between them (vLLM's processes busy-spin for a moment
 after their last message). For each server, pass, mode and concurrency c, max(c, REQUESTS)
 requests over the pair's held-out prompts run c at a time, streamed through the official openai
-client: time to first token (p50), aggregate output tokens/s and the accepted length from the
-server's own counters. A progress bar counts the cells; a server past --server-timeout is
-stopped and its remaining cells are reported as not measured. Then the acceptance inside vLLM
+client: time to first token (p50), aggregate output tokens/s, the accepted length from the
+server's own counters, and the CPU milliseconds per output token of the server's engine
+processes, its serving front and the client (`cpu`). A progress bar counts the cells; a server
+past --server-timeout is stopped and its remaining cells are reported as not measured. Then the acceptance inside vLLM
 is compared with the torch engine's (`vllm_acceptance`, tiny pair).
 """
 
@@ -30,6 +31,7 @@ from typing import NoReturn
 import openai
 from tqdm import tqdm
 
+from dcoco.bench.cpu import cpu_seconds, per_token_ms
 from dcoco.bench.vllm_acceptance import acceptance_rows
 from dcoco.bench.vllm_report import Cell, tables
 from dcoco.bench.vllm_servers import SERVERS, Pair, Server, running, vllm_env
@@ -70,9 +72,16 @@ async def stream(
 
 
 async def cell(
-    url: str, model: str, texts: list[str], concurrency: int, max_tokens: int, temperature: float
+    url: str,
+    model: str,
+    texts: list[str],
+    concurrency: int,
+    max_tokens: int,
+    temperature: float,
+    pids: list[int],
 ) -> Cell:
-    """max(concurrency, REQUESTS) requests, `concurrency` in flight."""
+    """max(concurrency, REQUESTS) requests, `concurrency` in flight; the CPU that the server's
+    processes (`pids` and their descendants) and the client spent on them, per output token."""
     todo = [texts[i % len(texts)] for i in range(max(concurrency, REQUESTS))]
     results: list[tuple[float, int]] = []
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=600) as client:
@@ -82,12 +91,16 @@ async def cell(
             while todo:
                 results.append(await stream(client, model, todo.pop(), max_tokens, temperature))
 
+        before = cpu_seconds(pids)
         started = time.perf_counter()
         await asyncio.gather(*(user() for _ in range(concurrency)))
         wall = time.perf_counter() - started
+        after = cpu_seconds(pids)
+    tokens = sum(r[1] for r in results)
     return {
         "ttft_p50_ms": statistics.median(r[0] for r in results) * 1000,
-        "tokens_per_s": sum(r[1] for r in results) / wall,
+        "tokens_per_s": tokens / wall,
+        **per_token_ms(before, after, tokens),
     }
 
 
@@ -119,6 +132,7 @@ def measure_server(
     with running(server, pair, args.vllm_python, folder, args.block, max(args.concurrency)) as (
         url,
         metrics,
+        pids,
     ):
         deadline = time.monotonic() + args.server_timeout
         for key in plan:
@@ -129,7 +143,7 @@ def measure_server(
             temperature = 0.0 if mode == "greedy" else 1.0
             before = scrape(metrics)
             figures = asyncio.run(
-                cell(url, pair.name, args.texts, concurrency, args.max_tokens, temperature)
+                cell(url, pair.name, args.texts, concurrency, args.max_tokens, temperature, pids)
             )
             figures["accepted_length"] = accepted_length(before, scrape(metrics), server.gateway)
             cells[key] = figures

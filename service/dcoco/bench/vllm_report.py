@@ -3,14 +3,17 @@ against each other, per mode and concurrency, with the goals the comparison is f
 
 import statistics
 
-Cell = dict[str, float]  # ttft_p50_ms, tokens_per_s, accepted_length
+from dcoco.bench.cpu import ROLES
+
+Cell = dict[str, float]  # ttft_p50_ms, tokens_per_s, accepted_length, cpu_{role}_ms
 Results = dict[str, dict[tuple[int, str, int], Cell]]  # server -> (pass, mode, c) -> cell
 PLAIN, ADAPTIVE, GATEWAY = "vllm-plain", "vllm-adaptive", "gateway+vllm-adaptive"
 FIXED = ("vllm-plain", "vllm-dflash", "vllm-dcoco", "vllm-table")
 
 
 def median(results: Results, server: str, mode: str, c: int, key: str) -> float | None:
-    values = [v[key] for (_, m, cc), v in results.get(server, {}).items() if m == mode and cc == c]
+    cells = results.get(server, {}).items()
+    values = [v[key] for (_, m, cc), v in cells if m == mode and cc == c and key in v]
     return statistics.median(values) if values else None
 
 
@@ -54,8 +57,28 @@ def tables(results: Results, modes: list[str], levels: list[int], heading: str) 
                 length = median(results, server, mode, c, "accepted_length")
                 cells.append("n/m" if ttft is None else f"{ttft:.1f}; {length:.2f}")
             lines.append(f"| {server} | " + " | ".join(cells) + " |")
+        lines += ["", *cpu_table(results, mode, levels)]
         lines += ["", *goals(results, mode, levels), ""]
     return "\n".join(lines) + "\n"
+
+
+def cpu_table(results: Results, mode: str, levels: list[int]) -> list[str]:
+    """CPU milliseconds per output token: engine processes / serving front / client."""
+    lines = [
+        f"## {mode}: CPU ms per output token: vLLM's engine processes / the serving front / "
+        "the client",
+        "",
+        "| server | " + " | ".join(f"c = {c}" for c in levels) + " |",
+        "|---|" + "---:|" * len(levels),
+    ]
+    for server in results:
+        cells = []
+        for c in levels:
+            parts = [median(results, server, mode, c, f"cpu_{r}_ms") for r in ROLES]
+            known = [p for p in parts if p is not None]
+            cells.append(" / ".join(f"{p:.1f}" for p in known) if len(known) == 3 else "n/m")
+        lines.append(f"| {server} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def goals(results: Results, mode: str, levels: list[int]) -> list[str]:

@@ -92,8 +92,9 @@ def speculative_config(
 @contextmanager
 def running(
     server: Server, pair: Pair, vllm_python: str, folder: Path, block: int, concurrency: int
-) -> Iterator[tuple[str, str]]:
-    """Starts `server`; yields (its base URL, its Prometheus URL); stops it on exit."""
+) -> Iterator[tuple[str, str, list[int]]]:
+    """Starts `server`; yields (its base URL, its Prometheus URL, the process ids it started);
+    stops it on exit."""
     env = os.environ | vllm_env(vllm_python)
     env["DCOCO_ADAPTIVE"] = "1" if server.adaptive else "0"
     log_path = folder / f"{server.name}.log"
@@ -142,7 +143,7 @@ def running(
             metrics = f"{url}/metrics"
     try:
         wait_ready(url + ready, children, log_path)
-        yield url, metrics
+        yield url, metrics, [p.pid for p in children]
     finally:
         stop(list(reversed(children)), drain_s=5)
 
