@@ -1,3 +1,4 @@
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -7,6 +8,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from dcoco import precision
 from dcoco.model.causal_lm import CausalLM
 from dcoco.spec.drafter import DFlashDrafter
 from factories import distill, make_drafter, make_target
@@ -21,6 +23,15 @@ def precision_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     mp.setenv("DCOCO_CACHE_DIR", str(tmp_path_factory.mktemp("dcoco-cache")))
     yield
     mp.undo()
+
+
+@pytest.fixture
+def any_load() -> Iterator[None]:
+    """Caches every measurement however busy the machine: the tests that use it are about
+    what is cached and read back, not about when a measurement is trusted."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(precision, "QUIET_SHARE", math.inf)
+        yield
 
 
 @pytest.fixture(scope="session", params=["qwen3", "llama"])

@@ -3,7 +3,6 @@
 import copy
 import json
 import logging
-import math
 import os
 import subprocess
 import sys
@@ -160,15 +159,6 @@ def test_the_fastest_is_the_lowest_geometric_mean() -> None:
     assert table.fastest() is Precision.BF16
     assert widths(4 * 16) == (1, 2, 4, 8, 16, 32)
     assert widths(3) == (1, 2)
-
-
-@pytest.fixture
-def any_load() -> object:
-    """Caches every measurement however busy the machine: the tests that use it are about
-    what is cached and read back, not about when a measurement is trusted."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(precision, "QUIET_SHARE", math.inf)
-        yield
 
 
 @pytest.mark.usefixtures("any_load")

@@ -410,6 +410,7 @@ def test_a_malformed_drafter_is_refused_before_vllm_starts(
         check_drafter(broken)
 
 
+@pytest.mark.usefixtures("any_load")
 def test_vllm_takes_its_dtype_from_the_precision(tmp_path: Path) -> None:
     """fp32 and bf16 pass through; auto on this CPU picks whichever of the two the measured
     forwards favour (and caches the table); the torch engine's int8 and int4 are refused."""
