@@ -176,11 +176,13 @@ class Prometheus:
         )
         wait_for(lambda: http_status(f"{self.url}/-/ready") == 200, 30, "Prometheus")
 
-    def query(self, expr: str) -> httpx.Response:
-        return httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)
+    def query(self, expr: str, at: float | None = None) -> httpx.Response:
+        """An instant query, at `at` (Unix seconds) where given, else now."""
+        params = {"query": expr} | ({} if at is None else {"time": str(at)})
+        return httpx.get(f"{self.url}/api/v1/query", params=params, timeout=10)
 
-    def values(self, expr: str) -> list[float]:
-        reply = self.query(expr)
+    def values(self, expr: str, at: float | None = None) -> list[float]:
+        reply = self.query(expr, at)
         reply.raise_for_status()
         return [float(r["value"][1]) for r in reply.json()["data"]["result"]]
 
@@ -284,10 +286,13 @@ def test_every_rule_expression_parses_and_the_rules_evaluate(
     wait_for(lambda: evaluated("record", 6), 20, "the recording rules to evaluate healthy")
     firing = httpx.get(f"{prometheus.url}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
     assert [a for a in firing if a["state"] == "firing"] == []  # a healthy stack raises nothing
-    # The stack's measured capacity: accepted length (1..B+1, B = 4) x 32 / cycle time.
-    capacity = prometheus.values("model:dcoco_worker_capacity_tokens_per_second:rate5m")
-    (length,) = prometheus.values("model:dcoco_spec_accepted_length:rate5m")
-    (cycle,) = prometheus.values("model:dcoco_spec_cycle_seconds:mean5m")
+    # The stack's measured capacity: accepted length (1..B+1, B = 4) x 32 / cycle time. The three
+    # are read as of one finished rule evaluation (3 s back), not each at its own "now": the rates
+    # move with every evaluation.
+    at = time.time() - 3
+    capacity = prometheus.values("model:dcoco_worker_capacity_tokens_per_second:rate5m", at)
+    (length,) = prometheus.values("model:dcoco_spec_accepted_length:rate5m", at)
+    (cycle,) = prometheus.values("model:dcoco_spec_cycle_seconds:mean5m", at)
     assert 1.0 <= length <= 5.0
     assert capacity == [pytest.approx(length * 32 / cycle)]
     assert prometheus.values("model:dcoco_backlog_tokens:sum") == [0.0]  # the traffic is done

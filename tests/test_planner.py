@@ -42,6 +42,24 @@ def test_the_cost_curve_follows_measured_widths_and_interpolates_between() -> No
     assert curve(32) == pytest.approx(0.084 + 16 * 0.044 / 12)  # along the last two
 
 
+def test_a_narrow_width_never_costs_more_than_a_wider_one_measured() -> None:
+    """One slow first step of 8 rows (0.2 s; vLLM's first step also runs the prompts), then
+    whole blocks at 0.034 s: the narrow widths are capped by the wider measurement, so plain
+    steps still get tried, and short verifications learnt to be cheaper (without the cap the
+    plain try looks to lose 0.17 s, and it stays at B)."""
+    planner = VerifyPlanner(block=15)
+    planner.observe(8, 0, [], 0.0, 0.2)
+    planner.observe(8, 15, [1] * 8, 0.0, 0.034)
+    assert planner.cost(8, 0) == pytest.approx(0.034)
+    choices = []
+    for _ in range(600):  # slot 0 always holds, slot 1 never: k = 1 is best
+        k = planner.choose(8)
+        choices.append(k)
+        planner.observe(8, k, [min(1, k)] * 8, 0.0, 0.012 + 0.00017 * 8 * (k + 1))
+    assert choices[0] == 15
+    assert sum(choices[-200:]) / 200 < 2
+
+
 def test_plain_decoding_wins_where_short_verifications_cost_much_more_than_a_step() -> None:
     """Weight-only 4-bit kernels on a CPU: one token 25 ms, four 40 ms, sixteen 84 ms, drafting
     13 ms, the first slot accepted half the time."""

@@ -454,10 +454,22 @@ def test_the_planned_lookup_answers_vllm_s_scheduler_from_measurements() -> None
     for k, seconds in ((4, 0.5), (0, 0.1), (4, 0.5), (0, 0.1)):
         drafts = {"a": [1] * k, "b": [2] * k} if k else {}
         step = SimpleNamespace(
-            scheduled_spec_decode_tokens=drafts, num_scheduled_tokens={"a": 1, "b": 1}
+            scheduled_spec_decode_tokens=drafts,
+            num_scheduled_tokens={"a": k + 1, "b": k + 1},
+            total_num_scheduled_tokens=2 * (k + 1),
         )
         out = SimpleNamespace(req_id_to_index={"a": 0, "b": 1}, sampled_token_ids=[[5, 6], [7]])
         observe(planner, step, out, seconds)
     assert lookup[2] < 4
+    # A step that also ran a prompt: its seconds are the cost of all the tokens it scheduled.
+    prefill = SimpleNamespace(
+        scheduled_spec_decode_tokens={},
+        num_scheduled_tokens={"a": 1, "b": 1, "c": 40},
+        total_num_scheduled_tokens=42,
+    )
+    out = SimpleNamespace(req_id_to_index={"a": 0, "b": 1, "c": 2}, sampled_token_ids=[[5]] * 3)
+    observe(planner, prefill, out, 0.9)
+    assert planner.verify_cost.means[42] == 0.9
+    assert sorted(planner.verify_cost.means) == [2, 10, 42]  # not what three plain rows cost
     scheduler.running.append(seeded)
     assert lookup[2] == 4

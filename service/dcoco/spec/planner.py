@@ -71,7 +71,11 @@ class LineFit:
 @dataclass
 class CostCurve:
     """Seconds by width: a running mean at each measured width (the last ~50 observations of
-    it), linear between measured widths and along the nearest two beyond them."""
+    it), linear between measured widths and along the nearest two beyond them.
+
+    A forward over more tokens never costs less, so an estimate is capped by the cheapest
+    wider width measured: one slow step (a page fault, another process) at a width the
+    planner then avoids cannot keep it away for good."""
 
     means: dict[int, float] = field(default_factory=dict)
     counts: dict[int, int] = field(default_factory=dict)
@@ -87,6 +91,10 @@ class CostCurve:
         self.counts[width] = n
 
     def __call__(self, width: int) -> float:
+        wider = [seconds for x, seconds in self.means.items() if x > width]
+        return min([self._interpolated(width), *wider])
+
+    def _interpolated(self, width: int) -> float:
         if width in self.means:
             return self.means[width]
         xs = sorted(self.means)
@@ -163,15 +171,22 @@ class VerifyPlanner:
         return self.verify_cost(rows * (k + 1)) + (self.fixed_cost(rows) if k else 0.0)
 
     def observe(
-        self, rows: int, k: int, accepted: list[int], fixed_s: float, verify_s: float
+        self,
+        rows: int,
+        k: int,
+        accepted: list[int],
+        fixed_s: float,
+        verify_s: float,
+        width: int | None = None,
     ) -> None:
         """One cycle: k verified per row, `accepted` drafted tokens kept per row, the seconds
-        spent drafting and correcting (0 when k is 0) and verifying."""
+        spent drafting and correcting (0 when k is 0) and verifying, and the tokens in the
+        verifying forward where it carried more than rows * (k + 1) (prompt tokens too)."""
         for p in range(k):
             reached = sum(1 for a in accepted if a >= p)  # rows whose slots 0..p-1 held
             kept = sum(1 for a in accepted if a > p)
             self.trials[p] = DECAY * self.trials[p] + reached
             self.hits[p] = DECAY * self.hits[p] + kept
-        self.verify_cost.add(rows * (k + 1), verify_s)
+        self.verify_cost.add(width or rows * (k + 1), verify_s)
         if k:
             self.fixed_cost.add(rows, fixed_s)

@@ -12,7 +12,9 @@ code then does the rest, placeholders under async scheduling included, and a tab
 stops vLLM padding decode rows to B.
 
 - `Scheduler.update_from_output` is wrapped to feed the planner each step: the rows, the drafts
-  verified, each row's accepted count, and the step's seconds (schedule to output).
+  verified, each row's accepted count, and the step's seconds (schedule to output) as the cost
+  of a forward over all the tokens it scheduled: a step that also ran a prompt's prefill is
+  not the cost of verifying its drafts.
 - A step that holds a seeded sampled request drafts all B: vLLM's rejection sampler draws a
   seeded request's random numbers per verified draft, so its output would otherwise depend on
   what the planner chose.
@@ -133,4 +135,5 @@ def observe(
         sampled = runner_output.sampled_token_ids
         if index is not None and len(drafted) == k and index < len(sampled):
             accepted.append(max(0, len(sampled[index]) - 1))  # the bonus token is not a draft
-    planner.observe(rows, k if accepted else 0, accepted, 0.0, seconds)
+    width = scheduler_output.total_num_scheduled_tokens  # drafts, bonus rows and prefill
+    planner.observe(rows, k if accepted else 0, accepted, 0.0, seconds, width)
