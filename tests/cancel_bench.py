@@ -1,15 +1,17 @@
 """The cancel path under load: from a client's disconnect to the engine's abort.
 
-A stack (redis-server, one worker, one gateway) serves the embedded tiny pair. `--load` streams
-generate all along; meanwhile `--cancels` streams are opened one after another, each read until
-it is generating, then cut by closing its connection. The latency of one cancel runs from the
-moment the client closed its socket to the moment the worker, having aborted the engine
-request, wrote the request's `cancelled` event: the time in that event's stream entry id
-(Redis's clock, the same machine's). It covers the gateway noticing the disconnect, the cancel
-flag and its notice, the worker hearing it, the abort between two engine cycles, and the write.
-The last
-column is the first part alone: from the close to the cancel flag the gateway set. A stream that
-ended on its own before its cancel arrived (a short answer) is counted apart.
+A stack (redis-server, one worker, one gateway) serves the embedded tiny pair, once its worker
+has compiled its layers. `--load` streams generate all along; meanwhile `--cancels` streams are
+opened one after another, each read until it is generating, then cut by closing its connection.
+The latency of one cancel runs from the moment the client closed its socket to the moment the
+worker, having aborted the engine request, wrote the request's `cancelled` event: the time in
+that event's stream entry id (Redis's clock, the same machine's). It covers the gateway noticing
+the disconnect, the cancel flag and its notice, the worker hearing it, the abort between two
+engine cycles, and the write. The "flag" column is the first part alone: from the close to the
+cancel flag the gateway set. The last column is the full garbage collections of the worker and
+of the gateway while the cancels ran, each a pause of the whole process
+(`dcoco_gc_full_collection_seconds`). A stream that ended on its own before its cancel arrived
+(a short answer) is counted apart.
 
     .venv/bin/python tests/cancel_bench.py [--load 8] [--cancels 100] [--out docs/cancel.md]
 
@@ -32,7 +34,7 @@ import httpx
 from dcoco.paths import TINY_DCOCO, TINY_TARGET
 from dcoco.queue import keys
 from fault_trials import machine
-from stack import Stack, metric_values
+from stack import Stack, fetch, metric_values, wait_for
 
 ENV = {"DCOCO_MAX_MODEL_LEN": "1024", "DCOCO_PRECISION": "bf16", "DCOCO_ADAPTIVE": "true"}
 SEEN_TIMEOUT_S = 10.0  # a cancel not written by then counts as never seen
@@ -162,17 +164,46 @@ def quantiles(values: list[float]) -> list[float]:
     return [1000 * v for v in (statistics.median(ordered), *picks, ordered[-1])]
 
 
-def summary(latencies: list[Cut], load: int) -> str:
+def worker_metrics(stack: Stack) -> dict[str, float]:
+    return metric_values(httpx.get(f"http://127.0.0.1:{stack.metrics_ports[0]}/metrics").text)
+
+
+def wait_compiled(stack: Stack) -> None:
+    wait_for(lambda: compiled(worker_metrics(stack)), 600, "the worker's compiles")
+
+
+def compiled(series: dict[str, float]) -> bool:
+    """Whether every compile of the worker's layers has ended (ready or failed)."""
+    planned = "dcoco_engine_compiled_shapes{"
+    for name, value in series.items():
+        if name.startswith(planned) and 'state="planned"' in name:
+            ready = series[name.replace('state="planned"', 'state="ready"')]
+            failed = name.replace(planned, "dcoco_engine_compile_failed{").replace(
+                ',state="planned"', ""
+            )
+            if ready < value and not series.get(failed):
+                return False
+    return True
+
+
+def collections(before: dict[str, float], after: dict[str, float]) -> str:
+    """Full garbage collections between two scrapes of a process: how many, and their ms."""
+    name = "dcoco_gc_full_collection_seconds"
+    count = after[f"{name}_count"] - before[f"{name}_count"]
+    return f"{count:g} / {1000 * (after[f'{name}_sum'] - before[f'{name}_sum']):.0f}"
+
+
+def summary(latencies: list[Cut], load: int, collections: str) -> str:
     flags = [c.flag for c in latencies if c.flag is not None and not c.finished_first]
     aborts = [c.abort for c in latencies if c.abort is not None]
     finished = sum(c.finished_first for c in latencies)
     if not aborts:
-        return f"| {load} | {len(latencies)} | {finished} | 0 | | | | | |"
+        return f"| {load} | {len(latencies)} | {finished} | 0 | | | | | | {collections} |"
     p50, p90, p99, worst = quantiles(aborts)
     flag = quantiles(flags)[2] if flags else float("nan")
     return (
         f"| {load} | {len(latencies)} | {finished} | {len(aborts)} | {p50:.0f} | {p90:.0f} | "
-        f"{p99:.0f} | {worst:.0f} | {flag:.0f} |"
+        f"{p99:.0f} | {worst:.0f} | {flag:.0f} | {collections} |"
     )
 
 
@@ -184,8 +215,8 @@ def main() -> int:
     args = parser.parse_args()
     rows = [
         "| load streams | cancels | finished first | aborted | p50 ms | p90 ms | p99 ms | max ms "
-        "| flag p99 ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| flag p99 ms | full collections, worker; gateway: count / ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     missing = 0
     with tempfile.TemporaryDirectory(prefix="dcoco-cancel-") as scratch:
@@ -195,14 +226,16 @@ def main() -> int:
             stack = Stack(folder, {"target": TINY_TARGET, "dcoco": TINY_DCOCO}, **ENV)
             try:
                 stack.start()
+                wait_compiled(stack)
+                started = worker_metrics(stack), metric_values(fetch(f"{stack.url}/metrics"))
                 latencies = asyncio.run(measure(stack, load, args.cancels))
-                histogram = metric_values(
-                    httpx.get(f"http://127.0.0.1:{stack.metrics_ports[0]}/metrics").text
-                )
+                histogram = worker_metrics(stack)
+                gateway = metric_values(fetch(f"{stack.url}/metrics"))
             finally:
                 stack.stop()
             missing += sum(1 for c in latencies if c.abort is None and not c.finished_first)
-            rows.append(summary(latencies, load))
+            paused = f"{collections(started[0], histogram)}; {collections(started[1], gateway)}"
+            rows.append(summary(latencies, load, paused))
             count = histogram.get(f'dcoco_cancel_latency_seconds_count{{model="{Stack.MODEL}"}}')
             print(rows[-1], f"(worker histogram: {count:g} aborts)", flush=True)
     report = "\n".join(rows)

@@ -3,6 +3,7 @@ worker answers): uploads cut short, clients too slow to send, idle connections, 
 sent alongside small requests. None of it may be a 5xx, and each closure is counted."""
 
 import json
+import re
 import selectors
 import socket
 import statistics
@@ -97,6 +98,18 @@ def trickle_until_closed(sock: socket.socket, data: bytes, gap_s: float, limit_s
         if not chunk:
             break
     return answer
+
+
+def test_the_gateway_and_the_worker_froze_their_startup_heaps(stack: Stack) -> None:
+    """Full garbage collections skip what each process holds for good, and each is timed: the
+    one that preceded the freezing at least (`shared/heap.py`)."""
+    for log in (stack.gateway.log, stack.workers[0].log):
+        frozen = re.search(r"startup heap frozen: (\d+) objects", log.read_text())
+        assert frozen, log.name
+        assert int(frozen[1]) > 10_000, log.name
+    for url in (stack.url, f"http://127.0.0.1:{stack.metrics_ports[0]}"):
+        series = metric_values(fetch(f"{url}/metrics"))
+        assert series["dcoco_gc_full_collection_seconds_count"] >= 1, url
 
 
 def test_an_upload_cut_short_is_a_499_not_a_500(stack: Stack) -> None:

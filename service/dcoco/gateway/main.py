@@ -1,15 +1,16 @@
 """`dcoco gateway`: serve the OpenAI routes with uvicorn."""
 
 import uvicorn
+from fastapi import FastAPI
 
 from dcoco.gateway.app import create_app
 from dcoco.gateway.protocol import protocol_with_deadlines
 from dcoco.gateway.services import Services
 from dcoco.settings import GatewaySettings
+from dcoco.shared.heap import FullCollections, freeze_startup_heap
 
 
-def server_config(settings: GatewaySettings) -> uvicorn.Config:
-    app = create_app(settings)
+def server_config(settings: GatewaySettings, app: FastAPI) -> uvicorn.Config:
     services = app.state.services
     assert isinstance(services, Services)
     timeouts = services.metrics.client_timeouts
@@ -31,4 +32,8 @@ def server_config(settings: GatewaySettings) -> uvicorn.Config:
 
 
 def run_gateway(settings: GatewaySettings) -> None:
-    uvicorn.Server(server_config(settings)).run()
+    app = create_app(settings)
+    config = server_config(settings, app)
+    FullCollections(app.state.services.metrics.registry)
+    freeze_startup_heap()
+    uvicorn.Server(config).run()

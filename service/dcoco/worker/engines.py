@@ -2,6 +2,7 @@
 happen only when it is chosen."""
 
 import logging
+import threading
 
 from dcoco.settings import WorkerSettings
 from dcoco.shared.errors import UsageError
@@ -51,6 +52,15 @@ def build_engine_client(settings: WorkerSettings, tokenizer: Tokenizer) -> Engin
     )
     cfg = settings.engine_config(tokenizer.eos_token_ids)
     return TorchEngineClient(load_engine(settings.target, settings.drafter, cfg))
+
+
+def compiling(settings: WorkerSettings, engine: EngineClient) -> list[threading.Event]:
+    """The torch engine's layer compiles under way, each as the event set when it ends."""
+    if settings.engine != "torch":
+        return []
+    runner = engine.engine.runner  # type: ignore[attr-defined]
+    parts = (runner.compiled, runner.compiled_drafter)
+    return [layers.done for layers in parts if layers is not None]
 
 
 def adopt_engine_metrics(
