@@ -33,7 +33,12 @@ def freeze_startup_heap(collect: bool = True) -> int:
 
 class FullCollections:
     """Times this process's full collections into `dcoco_gc_full_collection_seconds` (a
-    callback of the collector's, for the life of the process: one per process)."""
+    callback of the collector's, for the life of the process: one per process).
+
+    The callback runs inside whatever allocation set the collection off, on any thread, even
+    one reading this histogram for a scrape; that cannot deadlock, because prometheus_client
+    holds a value's lock only over float arithmetic, which allocates nothing the collector
+    tracks."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.seconds = Histogram(
