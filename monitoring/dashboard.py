@@ -309,6 +309,14 @@ def latency() -> list[Panel]:
             ],
             unit="tokens/s",
         ),
+        series(
+            "Garbage collection pauses",
+            "Share of each gateway's and worker's time spent in Python's full garbage "
+            "collections, every thread of the process paused. Both freeze their startup heap, "
+            "so this stays near 0; a rise means objects pile up while serving.",
+            [query(rate("dcoco_gc_full_collection_seconds_sum", G, by="instance"), "{{instance}}")],
+            unit="percentunit",
+        ),
     ]
 
 

@@ -85,6 +85,7 @@ def test_dashboard_variables_and_panels() -> None:
         "Inter-token latency",
         "End-to-end latency",
         "Generated tokens / s",
+        "Garbage collection pauses",
         "Queue depth",
         "Queue wait",
         "Rejections by reason",
@@ -107,8 +108,9 @@ def test_dashboard_variables_and_panels() -> None:
     for panel in panels():
         assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
         for target in panel["targets"]:
-            if "dcoco_requests_total" in target["expr"] or "dcoco_rejected" in target["expr"]:
-                continue  # gateway-wide counters: no model label
+            process_wide = ("dcoco_requests_total", "dcoco_rejected", "dcoco_gc_")
+            if any(name in target["expr"] for name in process_wide):
+                continue  # gateway-wide counters and each process's collector: no model label
             label = "model_name" if "vllm:" in target["expr"] else "model"
             assert f'{label}=~"$model"' in target["expr"], (panel["title"], target["expr"])
 
