@@ -34,6 +34,6 @@ def server_config(settings: GatewaySettings, app: FastAPI) -> uvicorn.Config:
 def run_gateway(settings: GatewaySettings) -> None:
     app = create_app(settings)
     config = server_config(settings, app)
-    FullCollections(app.state.services.metrics.registry)
+    FullCollections(app.state.services.metrics.gc_full_collections.observe)
     freeze_startup_heap()
     uvicorn.Server(config).run()

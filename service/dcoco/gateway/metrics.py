@@ -15,6 +15,8 @@ queue depth and live workers per model (refreshed from Redis in the background).
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from dcoco.shared.heap import FULL_COLLECTION_HELP, FULL_COLLECTION_SECONDS, PAUSE
+
 LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TOKEN_GAP = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -65,6 +67,9 @@ class GatewayMetrics:
             "Connections closed on a slow or idle client, by phase: idle, headers or body",
             ["phase"],
             registry=registry,
+        )
+        self.gc_full_collections = Histogram(
+            FULL_COLLECTION_SECONDS, FULL_COLLECTION_HELP, buckets=PAUSE, registry=registry
         )
         self.loop_restarts = Counter(
             "dcoco_gateway_loop_restarts",

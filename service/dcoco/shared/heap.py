@@ -1,16 +1,19 @@
 """Python's garbage collector in a serving process: the startup heap frozen, and the pauses of
-full collections timed."""
+full collections timed (the gateway's and the worker's metrics each export them)."""
 
 import gc
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram
-
 log = logging.getLogger(__name__)
-PAUSE = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 OLDEST = 2  # the generation a full collection traverses
+FULL_COLLECTION_SECONDS = "dcoco_gc_full_collection_seconds"
+FULL_COLLECTION_HELP = (
+    "Python's full garbage collections in this process, each a pause of every thread"
+)
+PAUSE = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)  # its histogram's buckets
 
 
 def freeze_startup_heap(collect: bool = True) -> int:
@@ -32,21 +35,16 @@ def freeze_startup_heap(collect: bool = True) -> int:
 
 
 class FullCollections:
-    """Times this process's full collections into `dcoco_gc_full_collection_seconds` (a
-    callback of the collector's, for the life of the process: one per process).
+    """Hands each of this process's full collections' seconds to `observe` (a callback of the
+    collector's, for the life of the process: one per process).
 
     The callback runs inside whatever allocation set the collection off, on any thread, even
-    one reading this histogram for a scrape; that cannot deadlock, because prometheus_client
-    holds a value's lock only over float arithmetic, which allocates nothing the collector
-    tracks."""
+    one reading the histogram `observe` feeds for a scrape; that cannot deadlock, because
+    prometheus_client holds a value's lock only over float arithmetic, which allocates nothing
+    the collector tracks."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.seconds = Histogram(
-            "dcoco_gc_full_collection_seconds",
-            "Python's full garbage collections in this process, each a pause of every thread",
-            buckets=PAUSE,
-            registry=registry,
-        )
+    def __init__(self, observe: Callable[[float], None]) -> None:
+        self.observe = observe
         self.started = 0.0
         gc.callbacks.append(self.on_collection)
 
@@ -56,4 +54,4 @@ class FullCollections:
         if phase == "start":
             self.started = time.perf_counter()
         else:
-            self.seconds.observe(time.perf_counter() - self.started)
+            self.observe(time.perf_counter() - self.started)

@@ -36,7 +36,7 @@ async def run_worker(settings: WorkerSettings) -> int:
     registry = CollectorRegistry()
     metrics = WorkerMetrics(registry, settings.model_name)
     metrics.max_batch_size.labels(settings.model_name).set(settings.max_batch_size)
-    FullCollections(registry)
+    FullCollections(metrics.gc_full_collections.observe)
     health = Health(stale_after_s=settings.lease_s)
     server = (
         serve_http(settings.metrics_host, settings.metrics_port, registry, health)

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from dcoco.shared.heap import FULL_COLLECTION_HELP, FULL_COLLECTION_SECONDS, PAUSE
 from dcoco.shared.stats import CycleStats
 
 SECONDS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -94,6 +95,9 @@ class WorkerMetrics:
         m = ["model"]
         spec = ["model", "method"]  # method: the requests' speculation, off/dflash/dcoco
         self.cycles = Counter("dcoco_spec_cycles", "Verification cycles", spec, registry=registry)
+        self.gc_full_collections = Histogram(
+            FULL_COLLECTION_SECONDS, FULL_COLLECTION_HELP, buckets=PAUSE, registry=registry
+        )
         self.draft_tokens = Counter(
             "dcoco_spec_draft_tokens", "Drafted tokens", spec, registry=registry
         )
