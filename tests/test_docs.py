@@ -21,9 +21,9 @@ def test_every_exported_metric_is_documented() -> None:
     from dcoco.gateway.metrics import GatewayMetrics
     from dcoco.worker.metrics import WorkerMetrics
 
-    registry = CollectorRegistry()
-    GatewayMetrics(registry)
-    WorkerMetrics(registry, "m")
-    for metric in registry.collect():
+    gateway, worker = CollectorRegistry(), CollectorRegistry()  # both export the collector's
+    GatewayMetrics(gateway)
+    WorkerMetrics(worker, "m")
+    for metric in [*gateway.collect(), *worker.collect()]:
         suffix = "_total" if metric.type == "counter" else ""
         assert f"`{metric.name}{suffix}" in README, metric.name

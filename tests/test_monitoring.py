@@ -290,11 +290,21 @@ def test_every_rule_expression_parses_and_the_rules_evaluate(
     assert [a for a in firing if a["state"] == "firing"] == []  # a healthy stack raises nothing
     # The stack's measured capacity: accepted length (1..B+1, B = 4) x 32 / cycle time. The three
     # are read as of one finished rule evaluation (3 s back), not each at its own "now": the rates
-    # move with every evaluation.
-    at = time.time() - 3
-    capacity = prometheus.values("model:dcoco_worker_capacity_tokens_per_second:rate5m", at)
-    (length,) = prometheus.values("model:dcoco_spec_accepted_length:rate5m", at)
-    (cycle,) = prometheus.values("model:dcoco_spec_cycle_seconds:mean5m", at)
+    # move with every evaluation. The rules may have recorded them for less than that yet.
+    names = (
+        "model:dcoco_worker_capacity_tokens_per_second:rate5m",
+        "model:dcoco_spec_accepted_length:rate5m",
+        "model:dcoco_spec_cycle_seconds:mean5m",
+    )
+    reads: list[list[float]] = []
+
+    def recorded_3_s_back() -> bool:
+        at = time.time() - 3
+        reads[:] = [prometheus.values(name, at) for name in names]
+        return all(reads)
+
+    wait_for(recorded_3_s_back, 20, "the capacity rules' values 3 s back")
+    capacity, (length,), (cycle,) = reads
     assert 1.0 <= length <= 5.0
     assert capacity == [pytest.approx(length * 32 / cycle)]
     assert prometheus.values("model:dcoco_backlog_tokens:sum") == [0.0]  # the traffic is done
