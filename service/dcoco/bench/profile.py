@@ -26,7 +26,7 @@ from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams
 
-# Op name (aten::...) -> group; unlisted ops fall in "other".
+# Op name, without its namespace (aten::, mkldnn::) -> group; unlisted ops fall in "other".
 GROUPS = {
     "matmul (weights)": (
         "mm",
@@ -34,6 +34,7 @@ GROUPS = {
         "linear",
         "_weight_int8pack_mm",
         "_weight_int4pack_mm_for_cpu",
+        "_linear_pointwise",  # oneDNN's, over the packed bf16 weights (model/packed.py)
     ),
     "attention": (
         "bmm",
@@ -121,7 +122,7 @@ WARMUP_STEPS = 3
 
 
 def group_of(name: str) -> str:
-    bare = name.removeprefix("aten::")
+    bare = name.rpartition("::")[2]
     return next((g for g, ops in GROUPS.items() if bare in ops), "other")
 
 
