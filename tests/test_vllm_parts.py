@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -188,6 +189,33 @@ def test_the_cpu_expand_fix_writes_floats_and_ints() -> None:
     ints = torch.zeros(6, dtype=torch.int64)
     cpu_fixes.expand(ints, top_k, cu, 0, 0)
     assert ints.tolist() == [0, 0, 5, 5, 5, 9]
+
+
+def test_the_expand_fix_lands_after_the_platform_s_own_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM's worker loads plugins, then lets the platform register its CPU kernels, which
+    would replace the fix: it is registered again after them, once however often asked."""
+    registered: list[str] = []
+
+    class Platform:
+        @staticmethod
+        def is_cpu() -> bool:
+            return True
+
+        @classmethod
+        def register_triton_kernel_overrides(cls) -> None:
+            registered.append("platform")
+
+    platforms = SimpleNamespace(current_platform=Platform())
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(platforms=platforms))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    monkeypatch.setattr(cpu_fixes, "install", lambda: registered.append("ours"))
+    cpu_fixes.install_after_platform()
+    cpu_fixes.install_after_platform()  # register() runs more than once in a process
+    assert registered == ["ours", "ours"]
+    Platform().register_triton_kernel_overrides()
+    assert registered[2:] == ["platform", "ours"]
 
 
 def test_export_both_formats(folders: dict[str, Path], tmp_path: Path) -> None:
@@ -438,8 +466,6 @@ def test_vllm_takes_its_dtype_from_the_precision(tmp_path: Path) -> None:
 def test_the_planned_lookup_answers_vllm_s_scheduler_from_measurements() -> None:
     """What vLLM's scheduler reads as its batch size -> k table (`dcoco.vllm.adaptive`): the
     planner's choice once steps are observed, all B while a seeded sampled request runs."""
-    from types import SimpleNamespace
-
     from dcoco.spec.planner import VerifyPlanner
     from dcoco.vllm.adaptive import PlannedLookup, observe
 

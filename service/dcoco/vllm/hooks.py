@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from vllm.config import VllmConfig
 
-from dcoco.vllm import cpu_fixes
 from dcoco.vllm.runtime import DCOCORuntime
 from dcoco.vllm.versions import UnsupportedVllm, missing
 
@@ -49,7 +48,6 @@ def install(vllm_config: VllmConfig) -> None:
 
     missing(DFlashProposer, PROPOSER_HOOKS)
     missing(GPUModelRunner, RUNNER_HOOKS)
-    cpu_fixes.install()
     _wrap(DFlashProposer, "_sample_draft_tokens", _sample_draft_tokens)
     _wrap(DFlashProposer, "propose", _propose)
     _wrap(GPUModelRunner, "execute_model", _execute_model)

