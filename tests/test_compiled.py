@@ -71,6 +71,31 @@ def eager_attention_calls() -> Iterator[list[int]]:
         sys.setprofile(None)
 
 
+@contextmanager
+def layer_calls() -> Iterator[dict[str, int]]:
+    """Counts compiled forwards, their layers, the layers run through dynamo's guards and
+    those run by calling a graph directly."""
+    counts = {"forwards": 0, "layers": 0, "guarded": 0, "direct": 0}
+    guarded, direct, call = compiled._run, compiled.Graph.run, compiled.CompiledLayers.call
+
+    def counting(key: str, fn: Any) -> Any:
+        def wrapped(*args: Any) -> Any:
+            counts[key] += 1
+            return fn(*args)
+
+        return wrapped
+
+    def forward(self: compiled.CompiledLayers, view: Any) -> Any:
+        counts["forwards"] += 1
+        return counting("layers", call(self, view))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(compiled, "_run", counting("guarded", guarded))
+        patch.setattr(compiled.Graph, "run", counting("direct", direct))
+        patch.setattr(compiled.CompiledLayers, "call", forward)
+        yield counts
+
+
 def test_shape_classes_follow_the_steps_the_engine_takes() -> None:
     assert warm_shapes(1, 1, None) == [(1, 1)]  # plain steps at batch 1
     assert warm_shapes(8, 1, None) == [(1, 1), (2, 1)]  # a vanilla engine never verifies
@@ -107,11 +132,14 @@ def test_compiled_layers_serve_what_the_eager_ones_do(monkeypatch: pytest.Monkey
     # one graph per shape class serves every layer, and serving compiled nothing more
     graphs = len(graph_cache())
     assert 0 < graphs <= len(target.compiled) + len(drafter.compiled)
-    with eager_attention_calls() as calls:
+    with eager_attention_calls() as calls, layer_calls() as counts:
         served, _ = fast.generate(PROMPTS, PARAMS)
     assert len(graph_cache()) == graphs
     # prefills of up to 8 tokens at batch 3, every step, verify and draft ran compiled graphs
     assert calls[0] == 0
+    # the guards ran once a forward; its other layers called the graph they chose directly
+    assert counts["guarded"] == counts["forwards"] > 0
+    assert counts["direct"] == counts["layers"] - counts["forwards"]
     reference, _ = eager.generate(PROMPTS, PARAMS)
     exact = make_target(hidden=64, vocab=64)  # the same weights in fp32
     for answers in (reference, early, served):

@@ -12,6 +12,13 @@ caches; serving calls only run what is already compiled (`torch._dynamo.run`): u
 is ready, and for shapes no warm-up compiled, the layer runs eagerly. A serving step never
 waits for a compile.
 
+Dynamo's guards pick the graph for a forward's first layer only. With the call around them
+they cost about 100 us a layer at one token (a plain SmolLM2 int4 step at batch 1 runs 1.24x
+faster without them on the AMX Xeon, docs/engine-profile.md), and they would say the same for
+every later layer: a model's layers share their structure, dtypes and shapes, and differ only
+in their weights' values. So the later layers call the chosen graph directly (`Graph`), with
+its inputs gathered from `_layer`'s arguments as dynamo's own bytecode gathers them.
+
 Compiled kernels live in inductor's cache (TORCHINDUCTOR_CACHE_DIR, by default under the
 engine's cache folder), so a restart recompiles in seconds rather than a minute.
 
@@ -22,15 +29,18 @@ other processes hold the same cores they can stall far worse than eager ones
 """
 
 import atexit
+import inspect
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 import torch._dynamo
+from torch._inductor.compile_fx import compile_fx
 
 from dcoco.engine.kv_cache import CacheView, KVCache
 from dcoco.model.layers import DecoderLayer, LayerCall
@@ -67,7 +77,47 @@ def _layer(
     return layer(x, cos, sin, kv, mask)  # [N, T, H]
 
 
-_compile = torch.compile(_layer, dynamic=True, fullgraph=True)
+class Graph:
+    """A graph inductor compiled for `_layer`, callable with `_layer`'s arguments and no
+    guards: its inputs (tensors, and the sizes its dynamic shapes take) are gathered by the
+    paths dynamo recorded for them, such as `L['layer']._modules['mlp']...` or
+    `L['x'].size()[1]`."""
+
+    def __init__(self, graph: torch.fx.GraphModule, example_inputs: list[Any]) -> None:
+        paths = [
+            node.meta["grapharg"].source.name for node in graph.graph.find_nodes(op="placeholder")
+        ]
+        if not all(path.startswith("L[") for path in paths):  # only `_layer`'s own arguments
+            raise RuntimeError(f"a compiled layer reads beyond its arguments: {paths}")
+        outputs = graph.graph.output_node().args[0]
+        if not isinstance(outputs, tuple | list) or len(outputs) != 1:
+            raise RuntimeError(f"a compiled layer returns {outputs}, not one tensor")
+        self.inputs = eval(f"lambda L: ({', '.join(paths)},)")  # `_layer`'s arguments -> inputs
+        self.compiled = cast(
+            Callable[..., Sequence[torch.Tensor]], compile_fx(graph, example_inputs)
+        )
+
+    def __call__(self, *inputs: object) -> Sequence[torch.Tensor]:
+        """Dynamo's call, once its guards chose this graph."""
+        _chosen.graph = self
+        return self.compiled(*inputs)
+
+    def run(self, *arguments: object) -> torch.Tensor:
+        """`_layer` over these arguments."""
+        named = dict(zip(_PARAMETERS, arguments, strict=True))
+        return self.compiled(*self.inputs(named))[0]  # [N, T, H]
+
+
+_PARAMETERS = tuple(inspect.signature(_layer).parameters)  # `_layer`'s argument names
+_chosen = threading.local()  # .graph: the Graph dynamo ran last on this thread
+
+
+def _backend(graph: torch.fx.GraphModule, example_inputs: list[Any]) -> Graph:
+    """Dynamo's backend for `_layer`: inductor, kept callable without guards."""
+    return Graph(graph, example_inputs)
+
+
+_compile = torch.compile(_layer, dynamic=True, fullgraph=True, backend=_backend)
 _run = torch._dynamo.run(_layer)  # compiled graphs only; eager where none matches
 
 
@@ -111,15 +161,23 @@ class CompiledLayers:
         self._thread.join()
 
     def call(self, view: CacheView) -> LayerCall:
-        """Runs each layer of a forward over `view` with its compiled graph, if ready."""
+        """Runs each layer of a forward over `view` with its compiled graph, if ready: the
+        first through dynamo, whose guards pick the graph (or none), the others directly."""
         rows = view.slots.unsqueeze(1)  # [N, 1]
+        chosen: list[Graph | None] = []  # what the guards picked for the first layer
 
         def run(
             layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
         ) -> torch.Tensor:
             i = layer.self_attn.layer_idx
             k, v = self.cache.k[i], self.cache.v[i]  # [S, Hkv, C, D] each
-            return _run(layer, x, cos, sin, view.mask, k, v, rows, view.positions)  # [N, T, H]
+            arguments = (layer, x, cos, sin, view.mask, k, v, rows, view.positions)
+            if chosen and chosen[0] is not None:
+                return chosen[0].run(*arguments)  # [N, T, H]
+            _chosen.graph = None
+            out = _run(*arguments)  # [N, T, H]
+            chosen[:] = [_chosen.graph]
+            return out
 
         return run
 
