@@ -22,6 +22,7 @@ from dcoco.model.causal_lm import CausalLM
 from dcoco.settings import WorkerSettings
 from dcoco.shared.options import Mode, Rule
 from dcoco.spec.drafter import DCOCO_ARCHITECTURE, DFLASH_ARCHITECTURE, DFlashDrafter
+from dcoco.spec.planner import VerifyPlanner
 from dcoco.spec.select import Candidates, prefix_first, select
 from dcoco.vllm import cpu_fixes, plugin, versions
 from dcoco.vllm.engine_args import prepare_drafter
@@ -463,10 +464,31 @@ def test_vllm_takes_its_dtype_from_the_precision(tmp_path: Path) -> None:
             dtype(quantized)
 
 
+def vllm_step(
+    rows: int, verified: int, drafting: int, prompt: int = 0
+) -> tuple[SimpleNamespace, SimpleNamespace]:
+    """A vLLM step of `rows` decoding rows that verified `verified` drafted tokens each (the
+    first row kept one of them, the others none), drafted `drafting` for the next step, and
+    prefilled `prompt` tokens of one more request: (SchedulerOutput, ModelRunnerOutput)."""
+    ids = [f"r{i}" for i in range(rows)]
+    step = SimpleNamespace(
+        scheduled_spec_decode_tokens={r: [1] * verified for r in ids} if verified else {},
+        num_scheduled_tokens={r: verified + 1 for r in ids} | ({"p": prompt} if prompt else {}),
+        total_num_scheduled_tokens=rows * (verified + 1) + prompt,
+        num_spec_tokens_to_schedule=drafting,
+    )
+    sampled = [[5, 6]] + [[7]] * (rows - 1) + ([[8]] if prompt else [])
+    out = SimpleNamespace(
+        req_id_to_index={r: i for i, r in enumerate([*ids, "p"])}, sampled_token_ids=sampled
+    )
+    return step, out
+
+
 def test_the_planned_lookup_answers_vllm_s_scheduler_from_measurements() -> None:
     """What vLLM's scheduler reads as its batch size -> k table (`dcoco.vllm.adaptive`): the
-    planner's choice once steps are observed, all B while a seeded sampled request runs."""
-    from dcoco.spec.planner import VerifyPlanner
+    planner's choice once steps are observed, all B while a seeded sampled request runs. A
+    step verifies the drafts before it and drafts for the next, so only steps that draft
+    nothing time a forward bare; the drafting is what a drafting step took beyond that."""
     from dcoco.vllm.adaptive import PlannedLookup, observe
 
     greedy = SimpleNamespace(sampling_params=SimpleNamespace(seed=None, temperature=0.0))
@@ -476,26 +498,41 @@ def test_the_planned_lookup_answers_vllm_s_scheduler_from_measurements() -> None
     lookup = PlannedLookup(scheduler, planner, size=8)
     assert lookup[2] == 4  # nothing measured yet: the whole block
     assert len(lookup) == 9  # vLLM sizes its table by max_num_seqs + 1
-    # Steps of 2 rows: drafts of 4 never held beyond the first slot, and verifying is dear.
-    for k, seconds in ((4, 0.5), (0, 0.1), (4, 0.5), (0, 0.1)):
-        drafts = {"a": [1] * k, "b": [2] * k} if k else {}
-        step = SimpleNamespace(
-            scheduled_spec_decode_tokens=drafts,
-            num_scheduled_tokens={"a": k + 1, "b": k + 1},
-            total_num_scheduled_tokens=2 * (k + 1),
-        )
-        out = SimpleNamespace(req_id_to_index={"a": 0, "b": 1}, sampled_token_ids=[[5, 6], [7]])
-        observe(planner, step, out, seconds)
-    assert lookup[2] < 4
-    # A step that also ran a prompt: its seconds are the cost of all the tokens it scheduled.
-    prefill = SimpleNamespace(
-        scheduled_spec_decode_tokens={},
-        num_scheduled_tokens={"a": 1, "b": 1, "c": 40},
-        total_num_scheduled_tokens=42,
-    )
-    out = SimpleNamespace(req_id_to_index={"a": 0, "b": 1, "c": 2}, sampled_token_ids=[[5]] * 3)
-    observe(planner, prefill, out, 0.9)
+    # 2 rows: a forward costs 0.1 s for the plain step's 2 tokens, 0.2 s for a verify of 4
+    # drafts each (10 tokens), and drafting adds 0.3 s to the step that drafts. Drafts of 4
+    # seldom hold, so plain steps are faster (2 tokens in 0.1 s against 3 in 0.5 s) though a
+    # plain step that drafts for the next takes 0.4 s.
+    for verified, drafting, seconds in ((4, 0, 0.2), (0, 0, 0.1), (0, 4, 0.4), (4, 4, 0.5)):
+        observe(planner, *vllm_step(2, verified, drafting), seconds)
+    assert planner.verify_cost.means == {10: 0.2, 2: 0.1}  # only the bare forwards
+    assert planner.fixed_cost(2) == pytest.approx(0.3)
+    assert lookup[2] == 0
+    # A step that drafted and prefilled a prompt times neither alone: no cost learned from it.
+    observe(planner, *vllm_step(2, 4, 4, prompt=40), 0.9)
+    assert sorted(planner.verify_cost.means) == [2, 10]
+    # One that prefilled and drafted nothing times its forward, over all the tokens it ran.
+    observe(planner, *vllm_step(2, 0, 0, prompt=40), 0.9)
     assert planner.verify_cost.means[42] == 0.9
-    assert sorted(planner.verify_cost.means) == [2, 10, 42]  # not what three plain rows cost
     scheduler.running.append(seeded)
     assert lookup[2] == 4
+
+
+class ScriptedPlanner(VerifyPlanner):
+    """Chooses the given ks in turn."""
+
+    def __init__(self, ks: list[int]) -> None:
+        super().__init__(4)
+        self.ks = iter(ks)
+
+    def choose(self, rows: int, exploring_allowed: bool = True) -> int:
+        return next(self.ks)
+
+
+def test_the_planned_lookup_plans_plain_steps_two_at_least() -> None:
+    """The second of two plain steps is the one that times a plain forward bare (the first
+    drafts nothing, but verifies the drafts before it)."""
+    from dcoco.vllm.adaptive import PlannedLookup
+
+    scheduler = SimpleNamespace(running=[])
+    lookup = PlannedLookup(scheduler, ScriptedPlanner([3, 0, 3, 3, 0, 0, 0, 2]), size=4)
+    assert [lookup[1] for _ in range(8)] == [3, 0, 0, 3, 0, 0, 0, 2]

@@ -182,11 +182,15 @@ class VerifyPlanner:
         """One cycle: k verified per row, `accepted` drafted tokens kept per row, the seconds
         spent drafting and correcting (0 when k is 0) and verifying, and the tokens in the
         verifying forward where it carried more than rows * (k + 1) (prompt tokens too)."""
+        self.observe_acceptance(k, accepted)
+        self.verify_cost.add(width or rows * (k + 1), verify_s)
+        if k:
+            self.fixed_cost.add(rows, fixed_s)
+
+    def observe_acceptance(self, k: int, accepted: list[int]) -> None:
+        """k drafted tokens verified per row, of which `accepted` held per row."""
         for p in range(k):
             reached = sum(1 for a in accepted if a >= p)  # rows whose slots 0..p-1 held
             kept = sum(1 for a in accepted if a > p)
             self.trials[p] = DECAY * self.trials[p] + reached
             self.hits[p] = DECAY * self.hits[p] + kept
-        self.verify_cost.add(width or rows * (k + 1), verify_s)
-        if k:
-            self.fixed_cost.add(rows, fixed_s)

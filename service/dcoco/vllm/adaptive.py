@@ -12,9 +12,15 @@ code then does the rest, placeholders under async scheduling included, and a tab
 stops vLLM padding decode rows to B.
 
 - `Scheduler.update_from_output` is wrapped to feed the planner each step: the rows, the drafts
-  verified, each row's accepted count, and the step's seconds (schedule to output) as the cost
-  of a forward over all the tokens it scheduled: a step that also ran a prompt's prefill is
-  not the cost of verifying its drafts.
+  verified and each row's accepted count, and the step's seconds (schedule to output). A vLLM
+  step verifies the drafts of the step before and then drafts for the next, so its seconds
+  are a forward over all the tokens it scheduled (a prompt's prefill included) plus, where it
+  drafts, the drafting. Only a step that drafts nothing times its forward bare; a decoding
+  step that drafts times the drafting, as what it took beyond its forward's estimate (the
+  planner's fixed cost, `observe`). A plain forward is thus timed bare only by the second of
+  two steps that draft nothing, so the lookup never plans a single one: every run of k = 0
+  lasts two steps at least. Timing each step as its forward would charge a plain step with
+  the next step's drafting, and the planner would draft where plain steps are faster.
 - A step that holds a seeded sampled request drafts all B: vLLM's rejection sampler draws a
   seeded request's random numbers per verified draft, so its output would otherwise depend on
   what the planner chose.
@@ -49,13 +55,20 @@ class PlannedLookup(list[int]):
     def __init__(self, scheduler: Any, planner: VerifyPlanner, size: int) -> None:
         super().__init__([planner.block] * (size + 1))
         self.scheduler, self.planner = scheduler, planner
+        self.plain_run = 0  # steps in a row planned to draft nothing, up to now
 
     def __getitem__(self, rows: Any) -> Any:
         if not isinstance(rows, int):
             return super().__getitem__(rows)
         if any(_seeded(request) for request in self.scheduler.running):
+            self.plain_run = 0
             return self.planner.block
-        return self.planner.choose(rows)
+        k = self.planner.choose(rows)
+        if k == 0 or self.plain_run == 1:  # a run of plain steps lasts two at least
+            self.plain_run += 1
+            return 0
+        self.plain_run = 0
+        return k
 
 
 def _seeded(request: Any) -> bool:
@@ -123,7 +136,9 @@ def _update_from_output(
 def observe(
     planner: VerifyPlanner, scheduler_output: Any, runner_output: Any, seconds: float
 ) -> None:
-    """One step's verified drafts, accepted counts and time, into the planner."""
+    """One step's verified drafts and accepted counts, and its seconds: the bare cost of its
+    forward where it drafted nothing for the next step, else the drafting's cost beyond the
+    forward's estimate (module docstring)."""
     drafts = scheduler_output.scheduled_spec_decode_tokens  # request id -> drafted ids
     rows = len(scheduler_output.num_scheduled_tokens)
     if not rows:
@@ -135,5 +150,10 @@ def observe(
         sampled = runner_output.sampled_token_ids
         if index is not None and len(drafted) == k and index < len(sampled):
             accepted.append(max(0, len(sampled[index]) - 1))  # the bonus token is not a draft
+    planner.observe_acceptance(k if accepted else 0, accepted)
     width = scheduler_output.total_num_scheduled_tokens  # drafts, bonus rows and prefill
-    planner.observe(rows, k if accepted else 0, accepted, 0.0, seconds, width)
+    costs = planner.verify_cost
+    if not scheduler_output.num_spec_tokens_to_schedule or not costs.weight:
+        costs.add(width, seconds)  # bare, or the first step seen: a start to correct
+    elif width == rows * (k + 1):  # decoding only: what it took beyond its forward drafted
+        planner.fixed_cost.add(rows, max(0.0, seconds - costs(width)))
