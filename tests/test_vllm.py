@@ -169,6 +169,64 @@ def corrected_drafts(lines: list[str]) -> int:
     return corrected
 
 
+PLANNED = """
+import itertools, json
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+from vllm.v1.spec_decode.dflash import DFlashProposer
+from dcoco.vllm import hooks
+
+llm = LLM(model=target, speculative_config={"method": "dflash", "model": drafter,
+          "num_speculative_tokens": 15}, dtype="float32", max_model_len=512, max_num_seqs=4,
+          seed=0, gpu_memory_utilization=0.3, enforce_eager=True, enable_prefix_caching=False)
+stored, store = [], hooks.store_context
+hooks.store_context = lambda proposer, **kw: stored.append(1) or store(proposer, **kw)
+lookup = llm.llm_engine.engine_core.engine_core.scheduler.dynamic_sd_lookup
+results = {}
+for name in ("ours", "upstream"):
+    if name == "upstream":  # vLLM's own propose: the drafter's forward runs at k = 0 too
+        DFlashProposer.propose = DFlashProposer.propose.__wrapped__
+    plan = itertools.cycle([15, 0, 0, 0])  # draft, then three plain steps, again and again
+    lookup.planner.choose = lambda rows, exploring_allowed=True: next(plan)
+    lookup.plain_run = 0
+    lines, stored[:] = len(open(log).readlines()), []
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                           SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    results[name] = {"tokens": [list(o.outputs[0].token_ids) for o in outputs],
+                     "drafts": [json.loads(l) for l in open(log).readlines()[lines:]],
+                     "stored": len(stored)}
+print("RESULT " + json.dumps(results))
+"""
+
+
+def test_plain_steps_keep_the_drafter_s_context_without_its_forward(
+    tmp_path: Path, prompts: list[list[int]]
+) -> None:
+    """At k = 0 the plugin stores the step's context in the drafter's cache and skips the
+    drafter's forward. Planned draft, plain, plain, plain, ...: every draft after plain steps
+    (its slot states and its tokens) equals what vLLM's own k = 0 pass leads to."""
+    log = tmp_path / "drafts.jsonl"
+    log.touch()
+    names = (prompts[:4], str(log), str(TINY_TARGET), str(TINY_DCOCO))
+    done = run_python(
+        f"prompts, log, target, drafter = {names!r}" + PLANNED,
+        timeout=300,
+        DCOCO_ADAPTIVE="1",
+        DCOCO_VLLM_DRAFT_LOG=str(log),
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",  # the scheduler and the proposer in this process
+    )
+    result = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert result, done.stderr[-3000:]
+    ours, upstream = json.loads(result[0][len("RESULT ") :]).values()
+    assert ours["stored"] > 2 * len(ours["drafts"]) > 0  # most steps stored context only
+    assert upstream["stored"] == 0
+    assert ours["tokens"] == upstream["tokens"]
+    assert len(ours["drafts"]) == len(upstream["drafts"])
+    for mine, theirs in zip(ours["drafts"], upstream["drafts"], strict=True):
+        assert mine["tokens"] == theirs["tokens"]
+        torch.testing.assert_close(torch.tensor(mine["hidden"]), torch.tensor(theirs["hidden"]))
+
+
 def test_the_plugin_fails_loudly() -> None:
     """An unsupported vLLM, a missing hook point, a checkpoint with several architectures:
     each refuses to start, none falls back to plain DFlash."""

@@ -5,7 +5,10 @@
   drafter it returns the selected draft: top-K, corrector scores, the selection rule. The draft
   is deterministic, so it returns no draft probabilities: vLLM's rejection sampler then treats q
   as one-hot and accepts d with probability p_target(d), which keeps sampling lossless.
-- `DFlashProposer.propose`: timed, so the drafter's share of a step is known.
+- `DFlashProposer.propose`: timed, so the drafter's share of a step is known. A step that
+  drafts nothing (k = 0, adaptive speculation) only stores the step's context keys and values
+  in the drafter's cache (`store_context`): upstream also runs the drafter's layers over the
+  bonus tokens, whose keys and values the next step's context overwrites unread.
 - `GPUModelRunner.execute_model` / `sample_tokens` (the CPU runner inherits both): the step's
   wall time, and after verification the per-request accepted counts that tell which corrected
   tokens the target accepted.
@@ -28,7 +31,12 @@ from dcoco.vllm.versions import UnsupportedVllm, missing
 
 log = logging.getLogger(__name__)
 MARK = "__dcoco_hook__"
-PROPOSER_HOOKS = ("_sample_draft_tokens", "propose")
+PROPOSER_HOOKS = (
+    "_sample_draft_tokens",
+    "propose",
+    "set_inputs_first_pass",
+    "build_model_inputs_first_pass",
+)
 RUNNER_HOOKS = ("execute_model", "sample_tokens")
 
 
@@ -104,10 +112,43 @@ def _propose(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any)
     if runtime is None:
         return original(self, *args, **kwargs)
     start, correct_before = time.perf_counter(), runtime.times.correct
-    drafts = original(self, *args, **kwargs)
+    if kwargs.get("num_speculative_tokens") == 0 and not args:
+        drafts = store_context(self, **kwargs)
+    else:
+        drafts = original(self, *args, **kwargs)
     correction = runtime.times.correct - correct_before
     runtime.times.draft += time.perf_counter() - start - correction
     return drafts
+
+
+def store_context(
+    proposer: Any,
+    *,
+    target_token_ids: torch.Tensor,
+    target_positions: torch.Tensor,
+    target_hidden_states: torch.Tensor,
+    next_token_ids: torch.Tensor,
+    token_indices_to_sample: torch.Tensor | None,
+    common_attn_metadata: Any,
+    num_rejected_tokens_gpu: torch.Tensor | None = None,
+    **_: Any,
+) -> torch.Tensor:
+    """`propose` at k = 0 without the drafter's forward: the context keys and values of the
+    tokens this step verified go into the drafter's cache, as upstream's first pass puts them,
+    and no draft comes back [R, 0]."""
+    proposer.num_speculative_tokens, proposer._last_draft_probs = 0, None  # as upstream does
+    hidden = proposer.model.combine_hidden_states(target_hidden_states)  # [T, H]
+    queries, _, metadata = proposer.set_inputs_first_pass(
+        target_token_ids=target_token_ids,
+        next_token_ids=next_token_ids,
+        target_positions=target_positions,
+        target_hidden_states=hidden,
+        token_indices_to_sample=token_indices_to_sample,
+        cad=common_attn_metadata,
+        num_rejected_tokens_gpu=num_rejected_tokens_gpu,
+    )
+    proposer.build_model_inputs_first_pass(queries, queries, None)  # stores the context K/V
+    return torch.empty(metadata.batch_size(), 0, dtype=torch.int64, device=hidden.device)
 
 
 def _execute_model(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any) -> Any:
