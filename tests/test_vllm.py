@@ -227,6 +227,48 @@ def test_plain_steps_keep_the_drafter_s_context_without_its_forward(
         torch.testing.assert_close(torch.tensor(mine["hidden"]), torch.tensor(theirs["hidden"]))
 
 
+NO_DRAFTS = """
+from types import SimpleNamespace
+import torch
+from vllm.platforms import current_platform
+from vllm.v1.sample import rejection_sampler
+from dcoco.vllm import adaptive
+
+current_platform.register_triton_kernel_overrides()  # the CPU kernels a worker registers
+upstream = rejection_sampler.rejection_sample
+adaptive.install()
+ours = rejection_sampler.rejection_sample
+rows, vocab = 3, 50
+bonus = torch.tensor([[4], [7], [9]], dtype=torch.int32)
+sampled = SimpleNamespace(all_greedy=False, all_random=True, temperature=torch.ones(rows),
+                          generators={}, top_k=None, top_p=None)
+empty = (torch.empty(0, dtype=torch.int32), [0] * rows, 0, torch.zeros(rows, dtype=torch.int32),
+         None, torch.empty(0, vocab), bonus, sampled)
+state = torch.get_rng_state()
+mine = ours(*empty)
+drew = not torch.equal(torch.get_rng_state(), state)
+theirs = upstream(*empty)
+print("EMPTY", mine.tolist(), theirs.tolist(), drew, not torch.equal(torch.get_rng_state(), state))
+greedy = SimpleNamespace(all_greedy=True, all_random=False, temperature=None, generators={})
+logits = torch.zeros(rows, vocab)
+logits[0, 5] = logits[1, 0] = logits[2, 7] = 1.0
+drafted = (torch.tensor([5, 6, 7], dtype=torch.int32), [1] * rows, 1,
+           torch.tensor([1, 2, 3], dtype=torch.int32), None, logits, bonus, greedy)
+print("DRAFTED", ours(*drafted).tolist(), upstream(*drafted).tolist())
+"""
+
+
+def test_a_step_without_drafts_skips_the_rejection_sampler_s_noise() -> None:
+    """With no drafted token in a step, adaptive speculation's rejection sampling gives each
+    row's bonus token, as upstream does, without drawing upstream's noise; steps with drafts
+    go to upstream's."""
+    done = run_python(NO_DRAFTS)
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in done.stdout.splitlines()}
+    assert "EMPTY" in lines, done.stderr[-3000:]
+    assert lines["EMPTY"] == "[[4], [7], [9]] [[4], [7], [9]] False True"
+    assert lines["DRAFTED"] == "[[5, 4], [0, -1], [7, 9]] [[5, 4], [0, -1], [7, 9]]"
+
+
 def test_the_plugin_fails_loudly() -> None:
     """An unsupported vLLM, a missing hook point, a checkpoint with several architectures:
     each refuses to start, none falls back to plain DFlash."""
