@@ -1,9 +1,11 @@
 """The long training run at toy size on the tiny pair: a leg makes teacher-forced then
-self-distilled shards, trains, checkpoints, exports and resumes where it stopped; a bad state
-stops it with one line; evaluated prompts never train."""
+self-distilled shards, trains, checkpoints, exports and resumes where it stopped, a signal
+included; a bad state stops it with one line; evaluated prompts never train."""
 
 import json
+import os
 import shutil
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import torch
 from dcoco.checkpoint import CheckpointError, load_drafter
 from dcoco.paths import DEFAULT_HELDOUT, TINY_MODELS, TINY_TARGET
 from dcoco.suites import load_suite
+from dcoco.train import run as run_module
 from dcoco.train.data import Continuations, Labels
 from dcoco.train.run import run_leg, schedule
 from dcoco.train.run_config import RunConfig
@@ -229,3 +232,30 @@ def test_interleaving_keeps_every_prefix_near_the_weights() -> None:
     assert len(order) == len(math) + len(code)
     assert sum(p.domain == "code" for p in order[:40]) == 10
     assert order == interleave({"math": math, "code": code}, {"math": 0.75, "code": 0.25}, 0)
+
+
+def test_a_signal_ends_the_leg_with_a_checkpoint_that_the_next_resumes(
+    models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg, work = replace(toy_config(models), checkpoint_every_s=1e9), tmp_path / "work"
+    shipped = load_drafter(models / "dflash").state_dict()
+    written = run_module.write_shard
+
+    def write_then_signal(folder: Path, index: int, shard: Continuations) -> None:
+        written(folder, index, shard)
+        if index == 2:  # as a session's end or a Ctrl-C would, mid-leg
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(run_module, "write_shard", write_then_signal)
+    handler = signal.getsignal(signal.SIGTERM)
+    stopped = run_leg(cfg, work, hours=1.0, shards=6)
+    assert stopped["stopped"] == "SIGTERM"
+    assert not (models / SUMMARY_FILE).exists()  # no leg recorded, nothing exported
+    after = load_drafter(models / "dflash").state_dict()
+    assert torch.equal(shipped["fc.weight"], after["fc.weight"])
+    assert signal.getsignal(signal.SIGTERM) == handler  # the leg's own handler is gone
+
+    monkeypatch.setattr(run_module, "write_shard", written)
+    resumed = run_leg(cfg, work, hours=1.0, shards=1)  # from the checkpoint the signal wrote
+    assert (resumed["leg"], resumed["from_shard"]) == (1, 3)
+    assert resumed["from_step"] == stopped["to_step"] > 0

@@ -6,7 +6,9 @@ A leg, for its wall-clock budget:
    (`run_data.Distiller`); every full shard unlocks a DFlash step per `label_tokens_per_step`
    of its label tokens, each on a batch from one of the newest `window_shards` DFlash shards;
    every `corrector_every`-th shard is kept for the correctors instead;
-2. checkpoints every `checkpoint_every_s` (`run_state`), so that a stopped leg resumes;
+2. checkpoints every `checkpoint_every_s` (`run_state`), so that a stopped leg resumes; a
+   SIGTERM or SIGINT ends the leg after the batch or step at hand with a checkpoint, without
+   the corrector refit or an export (the same command resumes it);
 3. spends its last `corrector_share` refitting both correctors on the kept shards
    (`run_correctors`; joint: the averaged DFlash weights with the previous joint corrector,
    trained on together; frozen: the previous frozen corrector on the averaged DFlash weights),
@@ -14,7 +16,11 @@ A leg, for its wall-clock budget:
 """
 
 import math
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -135,9 +141,10 @@ def run_leg(
     shards: int | None = None,
     adopted: tuple[Path, ...] = (),
 ) -> dict[str, Any]:
-    """One leg of `hours`; returns the leg's record, also appended to `run.json`. With
-    `shards`, the DFlash part also ends once that many more shards are written (tests);
-    `adopted` shards join the run first (`run_adopt`)."""
+    """One leg of `hours`; returns the leg's record, also appended to `run.json`, or, when a
+    signal stopped it (module docstring), the record so far with "stopped", run.json and the
+    shipped drafters untouched. With `shards`, the DFlash part also ends once that many more
+    shards are written (tests); `adopted` shards join the run first (`run_adopt`)."""
     torch.set_num_threads(cfg.threads)
     started, wall = datetime.now(UTC), time.perf_counter()
     deadline = wall + hours * 3600
@@ -208,41 +215,49 @@ def run_leg(
     making = {source: [0.0, 0] for source in Source}  # seconds and label tokens, per source
     loaded: dict[int, Continuations] = {}
     last_shard = position.shards + shards if shards is not None else None
-    while time.perf_counter() < dflash_end:
-        window = _window(work, position.shards, cfg)
-        trains = bool(window) and trainer.step < _unlocked_steps(position, cfg)
-        if not trains and (position.shards == last_shard or sources.exhausted):
-            break
-        t0 = time.perf_counter()
-        if trains:
-            index = window[trainer.step % len(window)]
-            if index not in loaded:
-                loaded = {i: d for i, d in loaded.items() if i in window}
-                loaded[index] = replace(
-                    Continuations.load(shard_file(work, index)), labels=cfg.teacher_labels
-                )
-            trainer.train(loaded[index], (t0 - wall) / (dflash_end - wall))
-            training_s += time.perf_counter() - t0
-        else:
-            source = sources.current
-            sources.step()
-            shard = sources.take_shard()
-            making[source][0] += time.perf_counter() - t0
-            if shard is not None:
-                tokens = _written(work, shard, source, position, cfg)
-                making[source][1] += tokens
-                losses = ", ".join(f"{k} {v:.3f}" for k, v in trainer.losses.items())
-                print(
-                    f"[run] shard {position.shards} ({source}): {position.label_tokens:,} label "
-                    f"tokens; step {trainer.step} ({losses}); "
-                    f"{making[source][1] / max(making[source][0], 1e-9):.0f} {source} label "
-                    "tokens/s",
-                    flush=True,
-                )
-        if time.perf_counter() - last_save > cfg.checkpoint_every_s:
-            checkpoint()
-            last_save = time.perf_counter()
+    with _stop_requests() as stopped:
+        while time.perf_counter() < dflash_end and not stopped:
+            window = _window(work, position.shards, cfg)
+            trains = bool(window) and trainer.step < _unlocked_steps(position, cfg)
+            if not trains and (position.shards == last_shard or sources.exhausted):
+                break
+            t0 = time.perf_counter()
+            if trains:
+                index = window[trainer.step % len(window)]
+                if index not in loaded:
+                    loaded = {i: d for i, d in loaded.items() if i in window}
+                    loaded[index] = replace(
+                        Continuations.load(shard_file(work, index)), labels=cfg.teacher_labels
+                    )
+                trainer.train(loaded[index], (t0 - wall) / (dflash_end - wall))
+                training_s += time.perf_counter() - t0
+            else:
+                source = sources.current
+                sources.step()
+                shard = sources.take_shard()
+                making[source][0] += time.perf_counter() - t0
+                if shard is not None:
+                    tokens = _written(work, shard, source, position, cfg)
+                    making[source][1] += tokens
+                    losses = ", ".join(f"{k} {v:.3f}" for k, v in trainer.losses.items())
+                    print(
+                        f"[run] shard {position.shards} ({source}): "
+                        f"{position.label_tokens:,} label tokens; step {trainer.step} "
+                        f"({losses}); {making[source][1] / max(making[source][0], 1e-9):.0f} "
+                        f"{source} label tokens/s",
+                        flush=True,
+                    )
+            if time.perf_counter() - last_save > cfg.checkpoint_every_s:
+                checkpoint()
+                last_save = time.perf_counter()
     checkpoint()
+    if stopped:
+        print(
+            f"[run] stopped by {stopped[0].name}: checkpoint at step {trainer.step}, shard "
+            f"{position.shards}; nothing exported; the same command resumes the leg",
+            flush=True,
+        )
+        return record | {"stopped": stopped[0].name, "to_step": trainer.step}
     record |= {
         "to_step": trainer.step,
         "to_shard": position.shards,
@@ -280,6 +295,25 @@ def run_leg(
     )
     print(f"[run] leg {record['leg']} done: {record}", flush=True)
     return record
+
+
+@contextmanager
+def _stop_requests() -> Iterator[list[signal.Signals]]:
+    """A list that SIGTERM and SIGINT append to while the block runs (in the main thread; a
+    leg run from another thread stops only with its process)."""
+    received: list[signal.Signals] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    handled = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.getsignal(sig) for sig in handled}
+    for sig in handled:
+        signal.signal(sig, lambda number, _frame: received.append(signal.Signals(number)))
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _unlocked_steps(position: Position, cfg: RunConfig) -> int:
