@@ -11,9 +11,9 @@ WAVES * c) requests over the pair's held-out prompts run c at a time, streamed t
 official openai client: time to first token (p50), output tokens/s in steady state
 (`steady_tokens_per_s`), the accepted length from the server's own counters, and the CPU
 milliseconds per output token of the server's engine processes, its serving front and the
-client (`cpu`). A progress bar counts the cells; a server
-past --server-timeout is stopped and its remaining cells are reported as not measured. Then the
-acceptance inside vLLM is compared with the torch engine's (`vllm_acceptance`, tiny pair).
+client (`cpu`). A progress bar counts the cells; a server past --server-timeout is stopped and
+its remaining cells are reported as not measured. Then the acceptance inside vLLM is compared
+with the torch engine's (`vllm_acceptance`, tiny pair).
 """
 
 import argparse
