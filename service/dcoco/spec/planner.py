@@ -177,13 +177,11 @@ class VerifyPlanner:
         accepted: list[int],
         fixed_s: float,
         verify_s: float,
-        width: int | None = None,
     ) -> None:
-        """One cycle: k verified per row, `accepted` drafted tokens kept per row, the seconds
-        spent drafting and correcting (0 when k is 0) and verifying, and the tokens in the
-        verifying forward where it carried more than rows * (k + 1) (prompt tokens too)."""
+        """One cycle: k verified per row, `accepted` drafted tokens kept per row, and the
+        seconds spent drafting and correcting (0 when k is 0) and verifying."""
         self.observe_acceptance(k, accepted)
-        self.verify_cost.add(width or rows * (k + 1), verify_s)
+        self.verify_cost.add(rows * (k + 1), verify_s)
         if k:
             self.fixed_cost.add(rows, fixed_s)
 
