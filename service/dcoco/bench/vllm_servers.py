@@ -89,6 +89,14 @@ def speculative_config(
     return config
 
 
+def inherited_vllm_settings(environ: dict[str, str]) -> dict[str, str]:
+    """The VLLM_* settings every server inherits from the benchmark's environment, those
+    `vllm_env` does not set itself: what the report must name, since they change vLLM's speed
+    (VLLM_CPU_NUM_OF_RESERVED_CPU, say)."""
+    ours = vllm_env(sys.executable)
+    return {k: v for k, v in sorted(environ.items()) if k.startswith("VLLM_") and k not in ours}
+
+
 @contextmanager
 def running(
     server: Server, pair: Pair, vllm_python: str, folder: Path, block: int, concurrency: int
