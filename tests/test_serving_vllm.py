@@ -11,6 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from dcoco.vllm.cpu_env import SHARE_UP_TO, usable_cpus
 from stack import Stack, fetch, wait_for
 from test_serving import (  # noqa: F401  (collected here with this module's fixtures)
     client,
@@ -71,6 +72,15 @@ def test_the_worker_serves_the_plugin_s_series(stack: Stack) -> None:
         )
     assert 'dcoco_spec_corrected_tokens_total{method="dcoco",model="tiny"}' in text
     assert text.count("# TYPE dcoco_spec_corrected_tokens_total") <= 1
+
+
+def test_vllm_s_model_threads_share_the_engine_core_s_cores_on_a_small_machine(
+    stack: Stack,
+) -> None:
+    """On at most SHARE_UP_TO CPUs the worker sets VLLM_CPU_NUM_OF_RESERVED_CPU=0 for vLLM,
+    which then binds the model's threads to every core; above it vLLM reserves one."""
+    reserved = 0 if usable_cpus() <= SHARE_UP_TO else 1
+    assert f"reserve_cpu_num={reserved}" in stack.workers[0].log.read_text(errors="replace")
 
 
 def test_the_card_says_what_vllm_cannot_give_and_the_gateway_refuses_it(stack: Stack) -> None:

@@ -15,13 +15,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dcoco.serve import free_port, start_redis, stop
-from dcoco.vllm.cpu_env import cpu_preload
+from dcoco.vllm.cpu_env import cpu_env, usable_cpus
 from dcoco.vllm.export import ExportOptions, export_drafter
 
 READY_S = 600.0  # a first start compiles for minutes on 2 cores
@@ -62,11 +62,11 @@ SERVERS = (
 )
 
 
-def vllm_env(python: str) -> dict[str, str]:
-    """vLLM on CPU: no hub, 1 GiB of KV cache, its bundled OpenMP (and tcmalloc where
-    installed) preloaded; only vLLM's processes get them."""
-    preload = cpu_preload(Path(python).parent.parent)
-    return {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "LD_PRELOAD": preload}
+def vllm_env(python: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """vLLM on CPU: no hub, 1 GiB of KV cache, and what the worker gives vLLM's processes
+    (`cpu_env`) where `environ` does not set it; only vLLM's processes get them."""
+    base = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    return base | cpu_env(Path(python).parent.parent, environ, usable_cpus())
 
 
 def speculative_config(
@@ -89,12 +89,16 @@ def speculative_config(
     return config
 
 
-def inherited_vllm_settings(environ: dict[str, str]) -> dict[str, str]:
-    """The VLLM_* settings every server inherits from the benchmark's environment, those
-    `vllm_env` does not set itself: what the report must name, since they change vLLM's speed
-    (VLLM_CPU_NUM_OF_RESERVED_CPU, say)."""
-    ours = vllm_env(sys.executable)
-    return {k: v for k, v in sorted(environ.items()) if k.startswith("VLLM_") and k not in ours}
+def vllm_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """The VLLM_* settings every server runs with, the KV cache's size aside: the benchmark's
+    environment's and the core reservation `cpu_env` adds. The report names them, since they
+    change vLLM's speed."""
+    every = dict(environ) | vllm_env(sys.executable, environ)
+    return {
+        k: v
+        for k, v in sorted(every.items())
+        if k.startswith("VLLM_") and k != "VLLM_CPU_KVCACHE_SPACE"
+    }
 
 
 @contextmanager
@@ -103,7 +107,7 @@ def running(
 ) -> Iterator[tuple[str, str, list[int]]]:
     """Starts `server`; yields (its base URL, its Prometheus URL, the process ids it started);
     stops it on exit."""
-    env = os.environ | vllm_env(vllm_python)
+    env = os.environ | vllm_env(vllm_python, os.environ)
     env["DCOCO_ADAPTIVE"] = "1" if server.adaptive else "0"
     log_path = folder / f"{server.name}.log"
     port = free_port()

@@ -33,7 +33,7 @@ from dcoco.shared.errors import UsageError
 from dcoco.shared.protocol import EngineDelta, EngineRequest
 from dcoco.shared.stats import CycleStats, SpecStats
 from dcoco.vllm.adaptive import ENV as ADAPTIVE_ENV
-from dcoco.vllm.cpu_env import cpu_preload
+from dcoco.vllm.cpu_env import cpu_env, usable_cpus
 from dcoco.vllm.engine_args import engine_kwargs
 from dcoco.vllm.metrics import PluginCollector
 
@@ -97,9 +97,11 @@ class VllmEngineClient:
             # their series to the folder; this process, threads and all, is never forked.
             os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
             os.environ[ADAPTIVE_ENV] = "true" if settings.adaptive else "false"  # for EngineCore
-            if not torch.cuda.is_available() and "LD_PRELOAD" not in os.environ:
-                os.environ["LD_PRELOAD"] = cpu_preload(Path(sys.prefix))  # for the children
-                log.info("vLLM's processes preload %s", os.environ["LD_PRELOAD"] or "nothing")
+            if not torch.cuda.is_available():
+                added = cpu_env(Path(sys.prefix), os.environ, usable_cpus())
+                os.environ.update(added)  # for the children
+                named = ", ".join(f"{k}={v}" for k, v in added.items())
+                log.info("vLLM's processes get %s", named or "the environment as it is")
             self.engine = self._start(kwargs)
         except BaseException:
             shutil.rmtree(self.scratch, ignore_errors=True)
