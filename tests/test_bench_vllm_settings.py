@@ -45,6 +45,7 @@ def test_the_heading_names_them_or_says_none(monkeypatch: pytest.MonkeyPatch) ->
     for name in [k for k in os.environ if k.startswith("VLLM_")]:
         monkeypatch.delenv(name)
     monkeypatch.setattr(vllm_servers, "usable_cpus", lambda: 16)
-    assert heading(args()).endswith("for this many CPUs): none.")
+    assert "for this many CPUs): none. Prefix caching on" in heading(args())
     monkeypatch.setattr(vllm_servers, "usable_cpus", lambda: 2)
-    assert heading(args()).endswith("for this many CPUs): VLLM_CPU_NUM_OF_RESERVED_CPU=0.")
+    named = "for this many CPUs): VLLM_CPU_NUM_OF_RESERVED_CPU=0. Prefix caching on"
+    assert named in heading(args())

@@ -101,6 +101,29 @@ def test_greedy_output_is_the_target_s_own(
     assert served["adaptive"]["token_ids"] == vanilla.tokens
 
 
+def test_a_replayed_prompt_reuses_the_prefix_cache_as_plain_decoding_does(
+    tmp_path: Path, prompts: list[list[int]]
+) -> None:
+    """vLLM drops the last prefix-cache block a request matches for drafters that read the
+    target's hidden states; `dcoco.vllm.spec_config` keeps it, since DFlash's cached blocks hold
+    its whole context. A replayed prompt then reuses what plain decoding reuses (150 tokens: one
+    128-token block, where the drop reused none) and drafts exactly as on its first pass."""
+    long = [(prompts[0] * 8)[:150], (prompts[1] * 8)[:300]]
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "dcoco").mkdir()
+    replay = ("--passes", "2")
+    plain = offline(tmp_path / "plain", None, long, 16, replay)["passes"]
+    dcoco = offline(tmp_path / "dcoco", TINY_DCOCO, long, 16, replay)["passes"]
+    assert plain[1]["prefix_cache_hits"] >= 128 + 256
+    assert dcoco[1]["prefix_cache_hits"] == plain[1]["prefix_cache_hits"]
+    assert dcoco[0]["token_ids"] == dcoco[1]["token_ids"] == plain[0]["token_ids"]
+    assert dcoco[0]["accepted_tokens"] > 0
+    assert (dcoco[1]["drafts"], dcoco[1]["accepted_tokens"]) == (
+        dcoco[0]["drafts"],
+        dcoco[0]["accepted_tokens"],
+    )
+
+
 def test_adaptive_speculation_plans_shorter_drafts_inside_vllm(
     served: dict[str, dict[str, Any]],
 ) -> None:

@@ -208,7 +208,9 @@ def heading(args: argparse.Namespace) -> str:
         f"{args.repeats} pass(es), streamed through the openai client; every server alone on "
         f"this machine, the client included. CPU: {describe()}, {os.cpu_count()} CPUs. "
         "vLLM settings, the same for every server (the environment's, and the worker's core "
-        f"reservation for this many CPUs): {named}."
+        f"reservation for this many CPUs): {named}. Prefix caching on for every server "
+        "(vLLM's default): the cells replay the same prompts, and the speculative servers keep "
+        "the last cache block a prompt matches, as plain decoding does (`dcoco.vllm.spec_config`)."
     )
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from dcoco.serve import free_port, start_redis, stop
 from dcoco.vllm.cpu_env import cpu_env, usable_cpus
 from dcoco.vllm.export import ExportOptions, export_drafter
+from dcoco.vllm.spec_config import speculative_config
 
 READY_S = 600.0  # a first start compiles for minutes on 2 cores
 # On CPU this only sizes vLLM's start-up check of free memory (the KV cache is
@@ -69,7 +70,7 @@ def vllm_env(python: str, environ: Mapping[str, str]) -> dict[str, str]:
     return base | cpu_env(Path(python).parent.parent, environ, usable_cpus())
 
 
-def speculative_config(
+def server_spec_config(
     server: Server, pair: Pair, folder: Path, block: int
 ) -> dict[str, object] | None:
     if server.speculative == "none":
@@ -79,14 +80,11 @@ def speculative_config(
         drafter = folder / "dflash-export"
         if not drafter.exists():
             export_drafter(pair.dcoco, drafter, ExportOptions(format="dflash"))
-    config: dict[str, object] = {
-        "method": "dflash",
-        "model": str(drafter),
-        "num_speculative_tokens": block,
-    }
     if server.table:
-        config["num_speculative_tokens_per_batch_size"] = STATIC_TABLE
-    return config
+        return speculative_config(
+            drafter, block, num_speculative_tokens_per_batch_size=STATIC_TABLE
+        )
+    return speculative_config(drafter, block)
 
 
 def vllm_settings(environ: Mapping[str, str]) -> dict[str, str]:
@@ -143,7 +141,7 @@ def running(
             command += ["--dtype", "float32", "--served-model-name", pair.name, "--seed", "0"]
             command += ["--max-model-len", "1024", "--max-num-seqs", str(concurrency)]
             command += ["--gpu-memory-utilization", str(MEMORY_SHARE)]
-            spec = speculative_config(server, pair, folder, block)
+            spec = server_spec_config(server, pair, folder, block)
             if spec is not None:
                 command += ["--speculative-config", json.dumps(spec)]
             env["PROMETHEUS_MULTIPROC_DIR"] = str(folder / f"prom-{server.name}")

@@ -8,6 +8,7 @@
 - `hooks`: the V1 runner hook points (`_sample_draft_tokens` and the step timing around it).
 - `speculator`: the V2 (GPU) speculator, following vLLM's DFlash2 / LiLiCorr pattern.
 - `client`, `engine_args`: `VllmEngineClient`, AsyncLLM behind the worker's engine protocol.
+- `spec_config`: the speculative config every DCOCO drafter starts vLLM with.
 - `export`: drafter folders vLLM loads (`dcoco export-drafter`).
 
 Only the worker's engine factory and the `export-drafter` command import this package; the

@@ -23,6 +23,7 @@ from dcoco.spec.drafter import (
 )
 from dcoco.vllm.export import ExportOptions, export_drafter
 from dcoco.vllm.runtime import SelectionConfig
+from dcoco.vllm.spec_config import speculative_config
 
 log = logging.getLogger(__name__)
 
@@ -171,9 +172,5 @@ def engine_kwargs(settings: WorkerSettings, scratch: Path) -> dict[str, Any]:
     }
     if drafter is not None:
         folder, block = drafter
-        kwargs["speculative_config"] = {
-            "method": "dflash",
-            "model": str(folder),
-            "num_speculative_tokens": block,
-        }
+        kwargs["speculative_config"] = speculative_config(folder, block)
     return kwargs | settings.vllm_args

@@ -5,7 +5,8 @@
 Each prompt line is {"prompt_ids": [...]}. The tests, `make gpu-check` and `make bench-vllm`
 use it to run vLLM in a process of its own (vLLM's venv), and compare the result with the torch
 engine's. OUT holds the token ids per prompt and the counters: drafts, draft tokens, accepted
-tokens and acceptance per position.
+tokens, acceptance per position and prefix-cache hits. With `--passes N` the prompts are
+generated N times in turn, and OUT adds `passes`: each pass's token ids and counters.
 """
 
 import argparse
@@ -16,22 +17,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dcoco.vllm.spec_config import speculative_config
+
 COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
     "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
 }
-
-
-def speculative_config(
-    drafter: Path, num_speculative_tokens: int, draft_sample_method: str
-) -> dict[str, Any]:
-    return {
-        "method": "dflash",
-        "model": str(drafter),
-        "num_speculative_tokens": num_speculative_tokens,
-        "draft_sample_method": draft_sample_method,
-    }
+COUNTED = tuple(COUNTERS.values())
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -40,7 +34,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     prompts = [json.loads(line)["prompt_ids"] for line in args.prompts.read_text().splitlines()]
     spec = (
-        speculative_config(args.drafter, args.num_speculative_tokens, args.draft_sample_method)
+        speculative_config(
+            args.drafter,
+            args.num_speculative_tokens,
+            draft_sample_method=args.draft_sample_method,
+        )
         if args.drafter
         else None
     )
@@ -61,23 +59,37 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         max_tokens=args.max_tokens,
         ignore_eos=args.ignore_eos,
     )
-    started = time.perf_counter()
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
-    elapsed = time.perf_counter() - started
-    result: dict[str, Any] = {
-        "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
-        "seconds": elapsed,
-        "drafts": 0,
-        "draft_tokens": 0,
-        "accepted_tokens": 0,
-        "accepted_per_position": [],
-    }
+    requests = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    seen = [counters(llm)]  # the counters before each pass, and after the last
+    passes = []
+    for _ in range(args.passes):
+        started = time.perf_counter()
+        outputs = llm.generate(requests, params)
+        elapsed = time.perf_counter() - started
+        seen.append(counters(llm))
+        passes.append(
+            {
+                "token_ids": [list(o.outputs[0].token_ids) for o in outputs],
+                "seconds": elapsed,
+            }
+            | {name: seen[-1][name] - seen[-2][name] for name in COUNTED}
+        )
+    first = passes[0]
+    result = {"token_ids": first["token_ids"], "seconds": first["seconds"]} | seen[-1]
+    if args.passes > 1:
+        result["passes"] = passes
+    return result
+
+
+def counters(llm: Any) -> dict[str, Any]:
+    """vLLM's counters so far: drafts, draft tokens, accepted tokens, prefix-cache hits."""
+    found: dict[str, Any] = dict.fromkeys(COUNTED, 0) | {"accepted_per_position": []}
     for metric in llm.get_metrics():
         if metric.name in COUNTERS:
-            result[COUNTERS[metric.name]] = int(metric.value)
+            found[COUNTERS[metric.name]] = int(metric.value)
         elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            result["accepted_per_position"] = [int(v) for v in metric.values]
-    return result
+            found["accepted_per_position"] = [int(v) for v in metric.values]
+    return found
 
 
 def main() -> int:
@@ -97,6 +109,9 @@ def main() -> int:
         "--draft-sample-method", choices=["greedy", "probabilistic"], default="greedy"
     )
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        "--passes", type=int, default=1, help="generate the prompts this many times, in turn"
+    )
     # On CPU this only sizes a start-up check of free memory (the KV cache is
     # VLLM_CPU_KVCACHE_SPACE); vLLM's 0.92 default fails on a shared machine.
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.92)
