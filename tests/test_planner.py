@@ -32,6 +32,18 @@ def test_a_line_fit_recovers_intercept_and_slope() -> None:
     assert fit(0) == pytest.approx(3.0)
 
 
+def test_drafting_seen_at_one_batch_size_is_not_scaled_by_the_rows() -> None:
+    """Drafting measured only at one row (6 ms), plain steps at 8 rows (45 ms): at 8 rows the
+    planner drafts at once. A fit through the origin priced drafting there at 48 ms, and the
+    planner stepped plain until an exploration paid for a try."""
+    planner = VerifyPlanner(block=15)
+    for _ in range(5):
+        planner.observe(1, 3, [3], 0.006, 0.036)
+        planner.observe(8, 0, [], 0.0, 0.045)
+    assert planner.fixed_cost(8) == pytest.approx(0.006)
+    assert planner.choose(8, exploring_allowed=False) > 0
+
+
 def test_the_cost_curve_follows_measured_widths_and_interpolates_between() -> None:
     curve = CostCurve()
     for width, seconds in ((1, 0.025), (4, 0.040), (16, 0.084)) * 3:
