@@ -2,6 +2,8 @@
 against the torch engine on the same held-out prompts, and the loud failures."""
 
 import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,6 +124,16 @@ def test_a_replayed_prompt_reuses_the_prefix_cache_as_plain_decoding_does(
         dcoco[0]["drafts"],
         dcoco[0]["accepted_tokens"],
     )
+
+
+def test_offline_refuses_fewer_than_one_pass(tmp_path: Path) -> None:
+    args = ["--target", "t", "--prompts", "p", "--out", str(tmp_path / "o"), "--passes", "0"]
+    done = subprocess.run(
+        [sys.executable, "-m", "dcoco.vllm.offline", *args], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert "--passes must be at least 1" in done.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_adaptive_speculation_plans_shorter_drafts_inside_vllm(

@@ -116,6 +116,8 @@ def main() -> int:
     # VLLM_CPU_KVCACHE_SPACE); vLLM's 0.92 default fails on a shared machine.
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.92)
     args = parser.parse_args()
+    if args.passes < 1:
+        parser.error("--passes must be at least 1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     args.out.write_text(json.dumps(run(args)) + "\n")
     return 0
