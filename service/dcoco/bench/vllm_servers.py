@@ -80,11 +80,8 @@ def server_spec_config(
         drafter = folder / "dflash-export"
         if not drafter.exists():
             export_drafter(pair.dcoco, drafter, ExportOptions(format="dflash"))
-    if server.table:
-        return speculative_config(
-            drafter, block, num_speculative_tokens_per_batch_size=STATIC_TABLE
-        )
-    return speculative_config(drafter, block)
+    table = {"num_speculative_tokens_per_batch_size": STATIC_TABLE} if server.table else {}
+    return speculative_config(drafter, block, **table)
 
 
 def vllm_settings(environ: Mapping[str, str]) -> dict[str, str]:
