@@ -51,7 +51,22 @@ def test_the_cost_curve_follows_measured_widths_and_interpolates_between() -> No
     assert curve(1) == pytest.approx(0.025)
     assert curve(4) == pytest.approx(0.040)
     assert curve(10) == pytest.approx(0.062)  # between 4 and 16
-    assert curve(32) == pytest.approx(0.084 + 16 * 0.044 / 12)  # along the last two
+    assert curve(2) == pytest.approx(0.030)  # along the first two
+
+
+def test_beyond_the_widest_width_measured_a_token_costs_at_least_the_mean_over_the_range() -> None:
+    """vLLM's steps on 2 cores: 8 tokens 0.044 s, 32 and 35 tokens 0.088 and 0.089 s. The
+    line along the widest two prices 512 tokens at 0.25 s (they took 0.556 s); at the mean
+    cost a token from 8 to 35 tokens, 0.89 s. Where the widest two rise faster, they stand."""
+    curve = CostCurve()
+    for width, seconds in ((8, 0.044), (32, 0.088), (35, 0.089)) * 3:
+        curve.add(width, seconds)
+    assert curve(512) == pytest.approx(0.089 + 477 * 0.045 / 27)
+    assert curve(20) == pytest.approx(0.066)  # between measured widths, as before
+    steep = CostCurve()
+    for width, seconds in ((1, 0.010), (8, 0.020), (16, 0.060)) * 3:
+        steep.add(width, seconds)
+    assert steep(32) == pytest.approx(0.140)  # along the widest two, above the mean
 
 
 def test_a_narrow_width_never_costs_more_than_a_wider_one_measured() -> None:
