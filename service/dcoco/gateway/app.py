@@ -59,6 +59,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         refresher.cancel()
         await asyncio.gather(refresher, return_exceptions=True)
         await services.jobs.close()
+        await queue.close()
         await redis.aclose()
         await blocking.aclose()
 

@@ -138,7 +138,8 @@ class Jobs:
             if left <= 0:
                 raise _timeout(not job.unstarted, self.settings)
             try:
-                item = await asyncio.wait_for(job.events.get(), min(left, ping_s or left))
+                async with asyncio.timeout(min(left, ping_s or left)):
+                    item = await job.events.get()
             except TimeoutError:
                 if ping_s is not None:
                     return None

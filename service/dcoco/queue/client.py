@@ -1,12 +1,13 @@
 """The gateway's side of the queue: enqueue, follow a request's events, cancel, observe."""
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
 from redis.asyncio import Redis
 
 from dcoco.queue import keys, scripts
-from dcoco.queue.connection import stream_entries
+from dcoco.queue.fanout import Fanout
 from dcoco.queue.protocol import Envelope, Event, ModelCard
 
 
@@ -22,7 +23,8 @@ class QueueTimeout(Exception):
 class GatewayQueue:
     def __init__(self, redis: Redis, blocking: Redis) -> None:
         """`blocking` serves XREAD BLOCK calls; its socket timeout must exceed BLOCK_S."""
-        self.redis, self.blocking = redis, blocking
+        self.redis = redis
+        self.fanout = Fanout(blocking, redis, self.BLOCK_S)
         self._enqueue = redis.register_script(scripts.ENQUEUE)
         self._depth = redis.register_script(scripts.DEPTH)
 
@@ -44,26 +46,31 @@ class GatewayQueue:
         that, by `stall_timeout_s` between events. Events are deduplicated by `seq`, so a
         reclaimed request's second attempt never repeats what the first one delivered.
         """
-        stream, last_id, last_seq = keys.response(request_id), "0-0", -1
+        stream, last_seq = keys.response(request_id), -1
         deadline = time.monotonic() + first_timeout_s
         started = False
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise QueueTimeout(request_id, started)
-            block_ms = max(1, int(min(remaining, self.BLOCK_S) * 1000))
-            reply = await self.blocking.xread({stream: last_id}, count=256, block=block_ms)
-            for entry_id, fields in stream_entries(reply):
-                last_id = entry_id
-                event = Event.model_validate_json(fields["e"])
-                if event.kind != "start" and event.seq <= last_seq:
-                    continue
-                last_seq = max(last_seq, event.seq)
-                started = True
-                deadline = time.monotonic() + stall_timeout_s
-                yield event
-                if event.kind in ("done", "error"):
-                    return
+        follower = await self.fanout.follow(stream)
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        entries = await follower.inbox.get()
+                except TimeoutError:
+                    raise QueueTimeout(request_id, started) from None
+                if not isinstance(entries, list):
+                    raise entries
+                for _, fields in entries:
+                    event = Event.model_validate_json(fields["e"])
+                    if event.kind != "start" and event.seq <= last_seq:
+                        continue
+                    last_seq = max(last_seq, event.seq)
+                    started = True
+                    deadline = time.monotonic() + stall_timeout_s
+                    yield event
+                    if event.kind in ("done", "error"):
+                        return
+        finally:
+            self.fanout.unfollow(stream)
 
     async def cancel(self, request_ids: list[str]) -> None:
         """Tells workers to stop: a flag per request, whose value is the time of cancellation
@@ -92,6 +99,9 @@ class GatewayQueue:
     async def tokenizer_json(self, sha: str) -> str | None:
         value = await self.redis.get(keys.tokenizer(sha))
         return None if value is None else str(value)
+
+    async def close(self) -> None:
+        await self.fanout.close()
 
     async def ping(self) -> None:
         await self.redis.ping()  # type: ignore[misc]  # redis-py 7 stubs type both clients

@@ -10,6 +10,7 @@ dcoco:model:{model}           string   the model card (JSON), written by workers
 dcoco:tokenizer:{sha}         string   tokenizer.json of a model card, by content hash; no TTL
 dcoco:worker:{id}             string   a worker's info (JSON), expires with its lease
 dcoco:resp:{request}          stream   response events of one request
+dcoco:wake:{gateway}          stream   wakes a gateway's blocked read of its response streams
 dcoco:owner:{request}         string   "{worker} {attempt}": who may write the events
 dcoco:cancel:{request}        string   set by the gateway when the client went away
 dcoco:cancels                 channel  "{request} {unix seconds}", published beside each cancel flag
@@ -50,6 +51,10 @@ def worker(worker_id: str) -> str:
 
 def response(request_id: str) -> str:
     return f"dcoco:resp:{request_id}"
+
+
+def wake(gateway_id: str) -> str:
+    return f"dcoco:wake:{gateway_id}"
 
 
 def owner(request_id: str) -> str:
