@@ -54,10 +54,11 @@ def test_the_cost_curve_follows_measured_widths_and_interpolates_between() -> No
     assert curve(2) == pytest.approx(0.030)  # along the first two
 
 
-def test_beyond_the_widest_width_measured_a_token_costs_at_least_the_mean_over_the_range() -> None:
+def test_beyond_the_widest_width_measured_the_slope_spans_a_doubling_at_least() -> None:
     """vLLM's steps on 2 cores: 8 tokens 0.044 s, 32 and 35 tokens 0.088 and 0.089 s. The
-    line along the widest two prices 512 tokens at 0.25 s (they took 0.556 s); at the mean
-    cost a token from 8 to 35 tokens, 0.89 s. Where the widest two rise faster, they stand."""
+    line along the widest two prices 512 tokens at 0.11 s (they took 0.556 s); along 8 to
+    35 tokens, 0.88 s. Where the widest two rise faster, they stand; the first tokens' cost
+    (4-bit kernels, 1 token 0.010 s, 16 tokens 0.030 s) does not steepen the dense range's."""
     curve = CostCurve()
     for width, seconds in ((8, 0.044), (32, 0.088), (35, 0.089)) * 3:
         curve.add(width, seconds)
@@ -66,7 +67,11 @@ def test_beyond_the_widest_width_measured_a_token_costs_at_least_the_mean_over_t
     steep = CostCurve()
     for width, seconds in ((1, 0.010), (8, 0.020), (16, 0.060)) * 3:
         steep.add(width, seconds)
-    assert steep(32) == pytest.approx(0.140)  # along the widest two, above the mean
+    assert steep(32) == pytest.approx(0.140)  # along the widest two
+    dense = CostCurve()
+    for width, seconds in ((1, 0.010), (16, 0.030), (32, 0.034)) * 3:
+        dense.add(width, seconds)
+    assert dense(64) == pytest.approx(0.042)  # along 16 to 32, not 1 to 32 (0.059)
 
 
 def test_a_narrow_width_never_costs_more_than_a_wider_one_measured() -> None:

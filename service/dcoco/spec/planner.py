@@ -80,12 +80,14 @@ class CostCurve:
     wider width measured: one slow step (a page fault, another process) at a width the
     planner then avoids cannot keep it away for good.
 
-    Beyond the widest width measured, each token costs at least the mean over the measured
-    range (the slope from the narrowest width to the widest), not only the slope between
-    the widest two: nearby widths cost nearly the same (vLLM's 32-row plain steps on 2 CPU
-    cores: 32 and 35 tokens both about 88 ms), and the line along them priced a 512-token
-    verification at 90 ms. It took 556 ms, and vLLM's planner, exploring the whole block at
-    32 rows on that estimate, lost a tenth of a benchmark cell."""
+    Beyond the widest width measured, each token costs at least the slope from the widest
+    width to the widest at most half as wide (the narrowest, if none is), not only the slope
+    between the widest two: nearby widths cost nearly the same within their noise (vLLM's
+    32-row plain steps on 2 CPU cores: 32 and 35 tokens both about 88 ms), and the line
+    along them priced a 512-token verification at 90 ms. It took 556 ms, and vLLM's
+    planner, exploring the whole block at 32 rows on that estimate, lost a tenth of a
+    benchmark cell. Over a doubling, the slope is that of the widths' own range, not of the
+    first few tokens, which on a CPU cost far more each (the 4-bit kernels' rows)."""
 
     means: dict[int, float] = field(default_factory=dict)
     counts: dict[int, int] = field(default_factory=dict)
@@ -121,9 +123,10 @@ class CostCurve:
         else:  # wider
             left, right = xs[-2], xs[-1]
         slope = max(0.0, (self.means[right] - self.means[left]) / (right - left))
-        if width > right:
-            mean = (self.means[right] - self.means[xs[0]]) / (right - xs[0])
-            return self.means[right] + max(slope, mean) * (width - right)
+        if width > right:  # beyond: over a doubling at least (class docstring)
+            base = max((x for x in xs if x <= right / 2), default=xs[0])
+            wide = (self.means[right] - self.means[base]) / (right - base)
+            return self.means[right] + max(slope, wide) * (width - right)
         return max(0.0, self.means[left] + slope * (width - left))
 
 
