@@ -216,7 +216,10 @@ llm = LLM(model=target, speculative_config={"method": "dflash", "model": drafter
           seed=0, gpu_memory_utilization=0.3, enforce_eager=True, enable_prefix_caching=False)
 stored, store = [], hooks.store_context
 hooks.store_context = lambda proposer, **kw: stored.append(1) or store(proposer, **kw)
-lookup = llm.llm_engine.engine_core.engine_core.scheduler.dynamic_sd_lookup
+core = llm.llm_engine.engine_core.engine_core
+taken, take = [], core.model_executor.take_draft_token_ids
+core.model_executor.take_draft_token_ids = lambda: taken.append(1) or take()
+lookup = core.scheduler.dynamic_sd_lookup
 results = {}
 for name in ("ours", "upstream"):
     if name == "upstream":  # vLLM's own propose: the drafter's forward runs at k = 0 too
@@ -224,12 +227,12 @@ for name in ("ours", "upstream"):
     plan = itertools.cycle([15, 0, 0, 0])  # draft, then three plain steps, again and again
     lookup.planner.choose = lambda rows, exploring_allowed=True: next(plan)
     lookup.plain_run = 0
-    lines, stored[:] = len(open(log).readlines()), []
+    lines, stored[:], taken[:] = len(open(log).readlines()), [], []
     outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
                            SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
     results[name] = {"tokens": [list(o.outputs[0].token_ids) for o in outputs],
                      "drafts": [json.loads(l) for l in open(log).readlines()[lines:]],
-                     "stored": len(stored)}
+                     "stored": len(stored), "taken": len(taken)}
 print("RESULT " + json.dumps(results))
 """
 
@@ -238,8 +241,9 @@ def test_plain_steps_keep_the_drafter_s_context_without_its_forward(
     tmp_path: Path, prompts: list[list[int]]
 ) -> None:
     """At k = 0 the plugin stores the step's context in the drafter's cache and skips the
-    drafter's forward. Planned draft, plain, plain, plain, ...: every draft after plain steps
-    (its slot states and its tokens) equals what vLLM's own k = 0 pass leads to."""
+    drafter's forward, and the engine core takes draft ids only after steps that drafted.
+    Planned draft, plain, plain, plain, ...: every draft after plain steps (its slot states
+    and its tokens) equals what vLLM's own k = 0 pass leads to."""
     log = tmp_path / "drafts.jsonl"
     log.touch()
     names = (prompts[:4], str(log), str(TINY_TARGET), str(TINY_DCOCO))
@@ -255,6 +259,7 @@ def test_plain_steps_keep_the_drafter_s_context_without_its_forward(
     ours, upstream = json.loads(result[0][len("RESULT ") :]).values()
     assert ours["stored"] > 2 * len(ours["drafts"]) > 0  # most steps stored context only
     assert upstream["stored"] == 0
+    assert ours["taken"] == len(ours["drafts"])  # one drafting step: one draft log line
     assert ours["tokens"] == upstream["tokens"]
     assert len(ours["drafts"]) == len(upstream["drafts"])
     for mine, theirs in zip(ours["drafts"], upstream["drafts"], strict=True):
@@ -263,45 +268,69 @@ def test_plain_steps_keep_the_drafter_s_context_without_its_forward(
 
 
 NO_DRAFTS = """
-from types import SimpleNamespace
+import json
 import torch
 from vllm.platforms import current_platform
-from vllm.v1.sample import rejection_sampler
+from vllm.v1.sample.logits_processor import LogitsProcessors
+from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.sample.rejection_sampler import RejectionSampler
+from vllm.v1.sample.sampler import Sampler
+from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 from dcoco.vllm import adaptive
 
 current_platform.register_triton_kernel_overrides()  # the CPU kernels a worker registers
-upstream = rejection_sampler.rejection_sample
-adaptive.install()
-ours = rejection_sampler.rejection_sample
 rows, vocab = 3, 50
-bonus = torch.tensor([[4], [7], [9]], dtype=torch.int32)
-sampled = SimpleNamespace(all_greedy=False, all_random=True, temperature=torch.ones(rows),
-                          generators={}, top_k=None, top_p=None)
-empty = (torch.empty(0, dtype=torch.int32), [0] * rows, 0, torch.zeros(rows, dtype=torch.int32),
-         None, torch.empty(0, vocab), bonus, sampled)
-state = torch.get_rng_state()
-mine = ours(*empty)
-drew = not torch.equal(torch.get_rng_state(), state)
-theirs = upstream(*empty)
-print("EMPTY", mine.tolist(), theirs.tolist(), drew, not torch.equal(torch.get_rng_state(), state))
-greedy = SimpleNamespace(all_greedy=True, all_random=False, temperature=None, generators={})
-logits = torch.zeros(rows, vocab)
-logits[0, 5] = logits[1, 0] = logits[2, 7] = 1.0
-drafted = (torch.tensor([5, 6, 7], dtype=torch.int32), [1] * rows, 1,
-           torch.tensor([1, 2, 3], dtype=torch.int32), None, logits, bonus, greedy)
-print("DRAFTED", ours(*drafted).tolist(), upstream(*drafted).tolist())
+
+def metadata(greedy, logprobs=None):
+    return SamplingMetadata(
+        temperature=None if greedy else torch.ones(rows), all_greedy=greedy,
+        all_random=not greedy, top_p=None, top_k=None, generators={},
+        max_num_logprobs=logprobs, no_penalties=True, prompt_token_ids=None,
+        frequency_penalties=torch.zeros(rows), presence_penalties=torch.zeros(rows),
+        repetition_penalties=torch.ones(rows), output_token_ids=[[] for _ in range(rows)],
+        allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors(),
+        spec_token_ids=[[] for _ in range(rows)])
+
+def run(sampler, drafts, logits, sampling):
+    spec = SpecDecodeMetadata.make_dummy(drafts, device=torch.device("cpu"))
+    torch.manual_seed(0)
+    out = sampler(spec, None, logits.clone(), sampling)
+    return out.sampled_token_ids.tolist(), out.logprobs_tensors is not None, torch.rand(1).item()
+
+logits = torch.randn(rows, vocab)
+drafted = torch.randn(2 * rows, vocab)
+cases = {
+    "GREEDY": ([[]] * rows, logits, metadata(True)),
+    "SAMPLED": ([[]] * rows, logits, metadata(False)),
+    "LOGPROBS": ([[]] * rows, logits, metadata(False, logprobs=2)),
+    "DRAFTED": ([[int(drafted[2 * r].argmax())] for r in range(rows)], drafted, metadata(True)),
+}
+upstream = {name: run(RejectionSampler(Sampler()), *case) for name, case in cases.items()}
+adaptive.install()
+for name, case in cases.items():
+    print(name, json.dumps([run(RejectionSampler(Sampler()), *case), upstream[name]]))
 """
 
 
-def test_a_step_without_drafts_skips_the_rejection_sampler_s_noise() -> None:
-    """With no drafted token in a step, adaptive speculation's rejection sampling gives each
-    row's bonus token, as upstream does, without drawing upstream's noise; steps with drafts
-    go to upstream's."""
+def test_a_step_without_drafts_samples_as_a_plain_step() -> None:
+    """With no drafted token in a step and no logprobs asked, adaptive speculation samples
+    each row's bonus token as upstream does, without the rejection sampler's recovered-token
+    noise (the random stream after it is not upstream's); steps with drafts or logprobs go
+    to upstream's."""
     done = run_python(NO_DRAFTS)
-    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1] for line in done.stdout.splitlines()}
-    assert "EMPTY" in lines, done.stderr[-3000:]
-    assert lines["EMPTY"] == "[[4], [7], [9]] [[4], [7], [9]] False True"
-    assert lines["DRAFTED"] == "[[5, 4], [0, -1], [7, 9]] [[5, 4], [0, -1], [7, 9]]"
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " [" in line)
+    assert set(lines) == {"GREEDY", "SAMPLED", "LOGPROBS", "DRAFTED"}, done.stderr[-3000:]
+    # (tokens [R, 1 + S], logprobs returned, the next random draw): ours, then upstream's
+    runs = {name: json.loads(line) for name, line in lines.items()}
+    for name in ("GREEDY", "SAMPLED"):
+        (tokens, logprobs, draw), (theirs, _, their_draw) = runs[name]
+        assert tokens == theirs
+        assert len(tokens[0]) == 1
+        assert not logprobs
+        assert (draw == their_draw) == (name == "GREEDY")  # sampled: upstream's noise not drawn
+    for name in ("LOGPROBS", "DRAFTED"):
+        assert runs[name][0] == runs[name][1]
+    assert runs["LOGPROBS"][0][1]
 
 
 def test_the_plugin_fails_loudly() -> None:

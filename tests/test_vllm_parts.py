@@ -538,3 +538,52 @@ def test_the_planned_lookup_plans_plain_steps_two_at_least() -> None:
     scheduler = SimpleNamespace(running=[])
     lookup = PlannedLookup(scheduler, ScriptedPlanner([3, 0, 3, 3, 0, 0, 0, 2]), size=4)
     assert [lookup[1] for _ in range(8)] == [3, 0, 0, 3, 0, 0, 0, 2]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_step_is_timed_up_to_the_next_schedule_while_requests_run(
+    monkeypatch: pytest.MonkeyPatch, asynchronous: bool
+) -> None:
+    """What the engine core does between a step's output and the next schedule is part of
+    the step's cost, so a step counts from its schedule to the next one; the last step before
+    the engine idles, and every step under asynchronous scheduling (which schedules the next
+    step before this one's output), count from schedule to output."""
+    from dcoco.vllm import adaptive
+    from dcoco.vllm.adaptive import PlannedLookup
+
+    # schedule, (output,) schedule, output: the second step's output is its last
+    clock = iter([0.0, 0.010, 0.013, 0.020] if asynchronous else [0.0, 0.013, 0.020])
+    monkeypatch.setattr(adaptive.time, "perf_counter", lambda: next(clock))
+    planner = VerifyPlanner(4)
+    steps = iter([vllm_step(2, 0, 0), vllm_step(2, 0, 0)])
+    running = [True, False]
+    scheduler = SimpleNamespace(
+        _dcoco_started={},
+        _dcoco_ended=None,
+        _dcoco_drafting=None,
+        has_requests=lambda: running[0],
+        scheduler_config=SimpleNamespace(async_scheduling=asynchronous),
+    )
+    scheduler.dynamic_sd_lookup = PlannedLookup(scheduler, planner, size=4)
+    outputs: dict[int, SimpleNamespace] = {}
+
+    def schedule(self: SimpleNamespace) -> SimpleNamespace:
+        step, out = next(steps)
+        outputs[id(step)] = out
+        return step
+
+    def update(self: SimpleNamespace, step: SimpleNamespace, out: SimpleNamespace) -> None:
+        return None
+
+    first = adaptive._schedule(schedule, scheduler)
+    adaptive._update_from_output(update, scheduler, first, outputs[id(first)])
+    second = adaptive._schedule(schedule, scheduler)
+    assert planner.verify_cost.counts == {2: 1}
+    assert planner.verify_cost.means[2] == pytest.approx(0.010 if asynchronous else 0.013)
+    running[0] = False  # the engine idles after the second step: timed to its output
+    adaptive._update_from_output(update, scheduler, second, outputs[id(second)])
+    assert planner.verify_cost.counts == {2: 2}
+    assert planner.verify_cost.means[2] == pytest.approx(
+        (0.010 + 0.007) / 2 if asynchronous else (0.013 + 0.007) / 2
+    )
+    assert scheduler._dcoco_ended is None

