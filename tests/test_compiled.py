@@ -263,3 +263,38 @@ def test_a_process_exits_cleanly_while_its_layers_compile(tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "compiling"
     assert "terminate called" not in done.stderr
+    assert any(tmp_path.iterdir())  # the kernel cache the user named
+
+
+KERNEL_CACHE = """
+import os, sys
+from pathlib import Path
+sys.path.insert(0, "tests")
+import test_compiled
+from dcoco.engine.engine import Engine
+from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.options import Mode, Precision
+
+cfg = EngineConfig(
+    mode=Mode.VANILLA, max_batch_size=1, max_model_len=32, precision=Precision.BF16,
+    compile=True, cache_dir=Path(sys.argv[1]),
+)
+engine = Engine(test_compiled.make_target(hidden=64, vocab=64), None, cfg)
+assert engine.runner.compiled.done.wait(timeout=600)
+print(engine.runner.compiled.error, os.environ["TORCHINDUCTOR_CACHE_DIR"])
+"""
+
+
+def test_compiled_kernels_are_kept_in_the_engines_cache_folder(tmp_path: Path) -> None:
+    """Not in the folder under /tmp that importing inductor names by default."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    done = subprocess.run(
+        [sys.executable, "-c", KERNEL_CACHE, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["None", str(tmp_path / "inductor")]
+    assert any((tmp_path / "inductor").rglob("*.py"))  # the graphs' generated code
