@@ -241,10 +241,10 @@ def test_usage_counts_only_accepted_tokens_that_reached_the_output(pair: Pair) -
 
 @pytest.mark.parametrize("mode", [Mode.VANILLA, Mode.DCOCO])
 def test_long_prompts_join_in_chunks_while_others_decode(pair: Pair, mode: Mode) -> None:
-    """With a stream decoding, new prompts are prefilled 16 tokens a step each: the stream
-    gets tokens every step, and a short prompt done first swaps slots with a long one still
+    """With a stream decoding, new prompts share 32 prefilled tokens a step: the stream gets
+    tokens every step, and a short prompt done first swaps slots with a long one still
     prefilling (all three slots taken). Every output is still the target's own."""
-    eng = engine(pair, mode, batch=3, prefill_tokens=8)
+    eng = engine(pair, mode, batch=3, prefill_tokens=32, prefill_cycles=0)
     prompts = {
         "r0": [3, 1, 4],
         "p1": [1, 5, 9, 2, 6, 5, 3, 5, 8, 9],
@@ -266,7 +266,7 @@ def test_long_prompts_join_in_chunks_while_others_decode(pair: Pair, mode: Mode)
             outputs[out.request_id] += out.new_token_ids
         slots = [s.slot for s in eng.scheduler.running]
         assert slots == list(range(len(slots)))
-    assert steps_until_p2 == 4  # 60 prompt tokens, 16 a step
+    assert steps_until_p2 == 3  # 60 prompt tokens: 16 beside p1's 10, then 32, then 12
     for name, prompt in prompts.items():
         assert outputs[name] == greedy_reference(pair[0], prompt, 60 if name == "r0" else 20)
 

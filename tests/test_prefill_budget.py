@@ -1,7 +1,13 @@
 """The chunked-prefill budget, steered to chunks of about `cycles` decoding cycles, against
 chunk costs of a fixed part plus a part per token (the shape measured on CPUs)."""
 
-from dcoco.engine.prefill import EXPLORE_EVERY, MIN_CHUNK, ChunkPlacement, PrefillBudget
+from dcoco.engine.prefill import (
+    EXPLORE_EVERY,
+    FIRST_CHUNK,
+    MIN_CHUNK,
+    ChunkPlacement,
+    PrefillBudget,
+)
 
 
 def chunk_seconds(tokens: int, fixed: float = 0.035, per_token: float = 0.00025) -> float:
@@ -22,17 +28,17 @@ def steer(budget: PrefillBudget, steps: int, **cost: float) -> list[float]:
 
 def test_chunks_start_small_and_settle_near_the_target() -> None:
     budget = PrefillBudget(cap=4096, cycles=2.0)
-    assert budget.tokens() == MIN_CHUNK  # nothing measured: the first chunk is small
+    assert budget.tokens() == FIRST_CHUNK  # nothing measured: the first chunk is small
     spent = steer(budget, 30)
     assert all(s <= 2 * 0.022 * 1.5 for s in spent)  # never far over two cycles
     assert 0.044 * 0.85 <= spent[-1] <= 0.044 * 1.15
-    assert budget.tokens() > MIN_CHUNK
+    assert budget.tokens() > FIRST_CHUNK
 
 
 def test_cheap_chunks_double_up_to_the_cap() -> None:
     budget = PrefillBudget(cap=256, cycles=2.0)
     steer(budget, 3, fixed=0.0, per_token=0.00001)
-    assert budget.tokens() == MIN_CHUNK * 8
+    assert budget.tokens() == FIRST_CHUNK * 8
     steer(budget, 10, fixed=0.0, per_token=0.00001)
     assert budget.tokens() == 256
 
@@ -64,8 +70,8 @@ def test_a_chunk_that_added_nothing_to_the_streams_step_doubles() -> None:
     put at or below zero: the budget grows as for any cheap chunk."""
     budget = PrefillBudget(cap=256, cycles=2.0)
     budget.observe_cycle(0.022)
-    budget.observe_chunk(MIN_CHUNK, -0.001, allowed=MIN_CHUNK)
-    assert budget.tokens() == 2 * MIN_CHUNK
+    budget.observe_chunk(FIRST_CHUNK, -0.001, allowed=FIRST_CHUNK)
+    assert budget.tokens() == 2 * FIRST_CHUNK
 
 
 def test_chunks_go_where_they_were_measured_to_add_less_and_the_other_way_is_retried() -> None:
@@ -89,6 +95,17 @@ def test_chunks_go_where_they_were_measured_to_add_less_and_the_other_way_is_ret
         placement.observe(way, 16, cost[way])
     assert later[0]  # one dear ride,
     assert later[1:].count(True) == 3  # then only the checks
+
+
+def test_an_explored_way_gets_what_the_cheaper_way_would_take_in_the_same_time() -> None:
+    """So exploring adds to the streams' step what a chunk of the cheaper way would."""
+    placement = ChunkPlacement()
+    assert placement.part(True) == placement.part(False) == 1.0  # nothing measured
+    placement.observe(True, 16, 0.016)
+    assert placement.part(False) == 1.0  # the other way unmeasured
+    placement.observe(False, 16, 0.064)
+    assert placement.part(True) == 1.0
+    assert placement.part(False) == 0.25
 
 
 def test_a_forced_placement_is_never_measured_against_the_other() -> None:

@@ -18,8 +18,8 @@
 5. Chunked prefill: a 2,000-token prompt joins 8 decoding streams; the streams' largest gap
    between tokens against their median, and the prompt's time to its first token: chunks
    steered to two cycles (the default: each chunk in the streams' forward or in its own,
-   whichever is measured to add less), then each way forced, 256 tokens a step
-   (DCOCO_PREFILL_CYCLES=0), and whole.
+   whichever is measured to add less), then each way forced, steered to 1.5 cycles, 256 tokens
+   a step (DCOCO_PREFILL_CYCLES=0), and whole.
 
 Engines run as the worker runs them: outside fp32 with compiled layers (DCOCO_COMPILE), timed
 once every shape class is compiled.
@@ -134,6 +134,7 @@ def run(tokens: int, prompts_per_suite: int, passes: int) -> list[str]:
         ("chunked, steered to 2 cycles, placed where cheaper (the default)", 256, 2.0, None),
         ("chunked, steered to 2 cycles, always in the streams' forward", 256, 2.0, True),
         ("chunked, steered to 2 cycles, always in their own forward", 256, 2.0, False),
+        ("chunked, steered to 1.5 cycles, placed where cheaper", 256, 1.5, None),
         ("chunked, 256 tokens a step, placed where cheaper", 256, 0.0, None),
         ("whole", len(long_prompt), 0.0, None),
     )

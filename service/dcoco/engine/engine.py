@@ -171,18 +171,20 @@ class Engine:
         ]
         return completions, cycles
 
-    def _prefill(self, result: StepResult, seqs: list[Sequence]) -> tuple[int, float]:
-        """One chunk of every prompt being prefilled, in a forward of their own; returns the
-        chunks' tokens and seconds."""
-        chunks = self._chunks(seqs)
+    def _prefill(
+        self, result: StepResult, seqs: list[Sequence], part: float = 1.0
+    ) -> tuple[int, float]:
+        """One chunk of every prompt being prefilled, in a forward of their own, taking `part`
+        of the budget; returns the chunks' tokens and seconds."""
+        chunks = self._chunks(seqs, part)
         start = time.perf_counter()
         logits, context = self.runner.prefill(seqs, chunks)  # [N, V]
         seconds = time.perf_counter() - start
-        self._chunked(seqs, chunks, logits, context, result, seconds)
+        self._chunked(seqs, chunks, logits, context, result, seconds, part)
         return sum(chunks), seconds
 
-    def _chunks(self, seqs: list[Sequence]) -> list[int]:
-        share = self._share(seqs)
+    def _chunks(self, seqs: list[Sequence], part: float = 1.0) -> list[int]:
+        share = self._share(seqs, part)
         return [min(len(s.prompt_ids) - s.num_cached, share) for s in seqs]
 
     def _chunked(
@@ -193,13 +195,15 @@ class Engine:
         context: ContextUpdate,
         result: StepResult,
         seconds: float,
+        part: float = 1.0,
     ) -> None:
         """Books a step's chunks (next-token logits [N, V] after each): a prompt now wholly
         cached gets its first token and its sequence joins the running ones. `seconds`: what
-        the chunks added to the step, which steers the budget while others decode."""
+        the chunks added to the step, which steers the budget while others decode, unless
+        they took only `part` of it (a way explored)."""
         self.runner.extend_context(context)
-        share = self._share(seqs)
-        if share < UNBOUNDED:
+        share = self._share(seqs, part)
+        if share < UNBOUNDED and part == 1.0:
             self.prefill_budget.observe_chunk(sum(chunks), seconds, share * len(seqs))
         for seq, chunk in zip(seqs, chunks, strict=True):
             seq.num_cached += chunk
@@ -212,13 +216,14 @@ class Engine:
                 report(seq, seq.append([token]), result, provenance(0, None), (), features)
         self.runner.move(self.scheduler.prefilled(done))
 
-    def _share(self, seqs: list[Sequence]) -> int:
+    def _share(self, seqs: list[Sequence], part: float = 1.0) -> int:
         """Prompt tokens each sequence may prefill this step: all that remain (UNBOUNDED) while
         nothing is decoding, or while features are collected, which needs whole prompts;
-        otherwise an equal share of the step's budget (`PrefillBudget`), at least MIN_CHUNK."""
+        otherwise an equal share of `part` of the step's budget (`PrefillBudget`), at least
+        MIN_CHUNK."""
         if not self.scheduler.running or self.cfg.feature_layers:
             return UNBOUNDED
-        return max(MIN_CHUNK, self.prefill_budget.tokens() // len(seqs))
+        return max(MIN_CHUNK, int(self.prefill_budget.tokens() * part) // len(seqs))
 
     def _decode(
         self, seqs: list[Sequence], result: StepResult, prefilling: list[Sequence]
@@ -227,9 +232,10 @@ class Engine:
         prompts `prefilling` get their chunks in the same forward or after it in their own,
         whichever `chunk_placement` finds adds less to the step."""
         alongside = bool(prefilling) and self.chunk_placement.alongside()
+        part = self.chunk_placement.part(alongside) if prefilling else 1.0
         start = time.perf_counter()
         if alongside:
-            chunks = self._chunks(prefilling)
+            chunks = self._chunks(prefilling, part)
             (logits, context), chunked = self.runner.decode_with_chunks(
                 seqs, prefilling, chunks
             )  # [N, V]
@@ -246,10 +252,10 @@ class Engine:
             report(seq, kept, result, provenance(0, None), (), self._features(context, row, 1))
         if alongside:
             added = elapsed - self.prefill_budget.per_cycle  # what the chunks cost the step
-            self._chunked(prefilling, chunks, *chunked, result, added)
+            self._chunked(prefilling, chunks, *chunked, result, added, part)
             self.chunk_placement.observe(True, sum(chunks), added)
         elif prefilling:
-            self.chunk_placement.observe(False, *self._prefill(result, prefilling))
+            self.chunk_placement.observe(False, *self._prefill(result, prefilling, part))
         return book.cycles()
 
     def _features(self, context: ContextUpdate, row: int, count: int) -> torch.Tensor | None:

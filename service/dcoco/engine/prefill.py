@@ -6,8 +6,8 @@ is read once for both, and the chunk adds only its tokens' work. After a verifyi
 in a forward of its own and adds its whole time, a fixed part (every weight read once, however
 few its tokens) plus a part per token: on the AMX Xeon, int4, 16 tokens took 35 ms and 128
 tokens 63 ms beside a 22 ms cycle of 8 streams. So neither a token count nor a rate per token
-fits every CPU, precision and batch, and the budget is steered instead: it starts at MIN_CHUNK,
-and after each chunk scales by how far what it added was from `cycles` decoding cycles (at most
+fits every CPU, precision and batch, and the budget is steered instead: it starts at
+FIRST_CHUNK, and after each chunk scales by how far what it added was from `cycles` decoding cycles (at most
 doubling or halving), so the streams' gap between tokens stays within about 1 + `cycles` of
 its usual. `cap` (DCOCO_PREFILL_TOKENS) bounds it; with `cycles` 0 (DCOCO_PREFILL_CYCLES) every
 step takes `cap` tokens, whatever they cost. Where the fixed part alone exceeds `cycles`, the
@@ -16,7 +16,8 @@ chunks stay at MIN_CHUNK: the prompt still advances, slowly.
 
 from dataclasses import dataclass, field
 
-MIN_CHUNK = 16  # prompt tokens a prefilling sequence gets per step at least
+FIRST_CHUNK = 16  # the budget before any chunk was measured
+MIN_CHUNK = 4  # prompt tokens a prefilling sequence gets per step at least
 UNBOUNDED = 2**62  # a sequence's share of a step that prefills whole prompts
 RATE = 0.2  # weight of each new measurement in a running mean
 EXPLORE_EVERY = 8  # chunks: one in this many runs the way `ChunkPlacement` did not choose
@@ -26,7 +27,7 @@ EXPLORE_EVERY = 8  # chunks: one in this many runs the way `ChunkPlacement` did 
 class PrefillBudget:
     cap: int
     cycles: float = 2.0  # a chunk's time, in decoding cycles, that the budget steers to
-    chunk: int = MIN_CHUNK  # the steered budget
+    chunk: int = FIRST_CHUNK  # the steered budget
     per_cycle: float = 0.0  # seconds a decoding cycle, a running mean
 
     def tokens(self) -> int:
@@ -75,6 +76,16 @@ class ChunkPlacement:
             return untried[0]
         cheaper = self.added[True] <= self.added[False]
         return not cheaper if self.chunks % EXPLORE_EVERY == 0 else cheaper
+
+    def part(self, alongside: bool) -> float:
+        """The share of the budget a chunk run this way gets: all of it where this way is the
+        cheaper (or either is unmeasured); where it is only explored, what the cheaper way
+        would take in the same time, so that exploring costs the streams no more than the
+        budget's chunk does."""
+        mine, other = self.added.get(alongside), self.added.get(not alongside)
+        if mine is None or other is None or mine <= other:
+            return 1.0
+        return other / mine
 
     def observe(self, alongside: bool, tokens: int, seconds: float) -> None:
         """A chunk of `tokens` run that way added `seconds` to the streams' step."""
