@@ -7,11 +7,11 @@ in a forward of its own and adds its whole time, a fixed part (every weight read
 few its tokens) plus a part per token: on the AMX Xeon, int4, 16 tokens took 35 ms and 128
 tokens 63 ms beside a 22 ms cycle of 8 streams. So neither a token count nor a rate per token
 fits every CPU, precision and batch, and the budget is steered instead: it starts at
-FIRST_CHUNK, and after each chunk scales by how far what it added was from `cycles` decoding cycles (at most
-doubling or halving), so the streams' gap between tokens stays within about 1 + `cycles` of
-its usual. `cap` (DCOCO_PREFILL_TOKENS) bounds it; with `cycles` 0 (DCOCO_PREFILL_CYCLES) every
-step takes `cap` tokens, whatever they cost. Where the fixed part alone exceeds `cycles`, the
-chunks stay at MIN_CHUNK: the prompt still advances, slowly.
+FIRST_CHUNK, and after each chunk scales by how far what it added was from `cycles` decoding
+cycles (at most doubling or halving), so the streams' gap between tokens stays within about 1 +
+`cycles` of its usual. `cap` (DCOCO_PREFILL_TOKENS) bounds it; with `cycles` 0
+(DCOCO_PREFILL_CYCLES) every step takes `cap` tokens, whatever they cost. Where the fixed part
+alone exceeds `cycles`, the chunks stay at MIN_CHUNK: the prompt still advances, slowly.
 """
 
 from dataclasses import dataclass, field
