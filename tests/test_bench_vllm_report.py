@@ -17,13 +17,16 @@ def test_tables_compare_every_server_with_plain_and_state_the_goals() -> None:
             (1, "greedy", 1): cell(130, 21.0),
         },
         "gateway+vllm-adaptive": {(0, "greedy", 1): cell(118, 29.0)},
+        "gateway+vllm-dcoco": {(0, "greedy", 1): cell(99, 23.0)},
         "vllm-table": {},  # timed out: nothing measured
     }
     text = tables(results, ["greedy"], [1], "heading")
     assert "| vllm-dcoco | 100 (1.00x (0.90-1.10)) |" in text
     assert "| vllm-table | n/m |" in text
-    assert "our gateway's TTFT p50 +8.0 ms" in text
+    assert "our gateway's TTFT p50 +8.0 ms against vLLM's own server, both vllm-adaptive" in text
     assert "(goal at most +5 ms: missed)" in text
+    assert "TTFT p50 +3.0 ms against vLLM's own server, both vllm-dcoco (goal" in text
+    assert "+5 ms: met); tokens/s 1.10x" in text  # against its first pass, 90
     assert "adaptive DCOCO 1.25x (1.20-1.30) of the best fixed policy (vllm-plain)" in text
     assert "tokens/s 0.98x (goal at least 0.97x)" in text
 

@@ -1,5 +1,6 @@
 """The vLLM path side by side in one run: vLLM's own server with each speculation policy, and
-our gateway in front of adaptive DCOCO (`vllm_servers.SERVERS`), on one model pair, fp32.
+our gateway in front of adaptive and fixed-B DCOCO (`vllm_servers.SERVERS`), on one model
+pair, fp32.
 
     python -m dcoco.bench.vllm --vllm-python .venv-vllm/bin/python [--pair tiny|smollm2]
         [--concurrency 1,4,8,16,32] [--modes greedy,t1] [--repeats N] [--server-timeout S]

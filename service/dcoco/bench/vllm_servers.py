@@ -4,7 +4,8 @@
   DFlash (the DCOCO checkpoint exported as stock DFlash, vLLM's own class); fixed-B DCOCO (the
   plugin); DCOCO with vLLM's static `num_speculative_tokens_per_batch_size` table; DCOCO with
   the plugin's adaptive planner (DCOCO_ADAPTIVE).
-- Our gateway with Redis and a `dcoco worker --engine vllm` running adaptive DCOCO.
+- Our gateway with Redis and a `dcoco worker --engine vllm` running adaptive DCOCO, or fixed-B
+  DCOCO: beside vllm-dcoco that compares the fronts with no planner on either side.
 
 vLLM's processes get their CPU environment (`vllm.cpu_env`); everything runs in fp32.
 """
@@ -60,6 +61,7 @@ SERVERS = (
     Server("vllm-table", "dcoco", table=True),
     Server("vllm-adaptive", "dcoco", adaptive=True),
     Server("gateway+vllm-adaptive", "dcoco", adaptive=True, gateway=True),
+    Server("gateway+vllm-dcoco", "dcoco", gateway=True),
 )
 
 
