@@ -274,6 +274,7 @@ import test_compiled
 from dcoco.engine.engine import Engine
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Precision
+from dcoco.shared.sampling import SamplingParams
 
 cfg = EngineConfig(
     mode=Mode.VANILLA, max_batch_size=1, max_model_len=32, precision=Precision.BF16,
@@ -281,20 +282,33 @@ cfg = EngineConfig(
 )
 engine = Engine(test_compiled.make_target(hidden=64, vocab=64), None, cfg)
 assert engine.runner.compiled.done.wait(timeout=600)
-print(engine.runner.compiled.error, os.environ["TORCHINDUCTOR_CACHE_DIR"])
+completions, _ = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=8))
+print(engine.runner.compiled.error, engine.runner.compiled.compiled == [(1, 1), (1, 2)])
+print(os.environ["TORCHINDUCTOR_CACHE_DIR"], completions[0].token_ids)
 """
 
 
 def test_compiled_kernels_are_kept_in_the_engines_cache_folder(tmp_path: Path) -> None:
-    """Not in the folder under /tmp that importing inductor names by default."""
+    """Not in the folder under /tmp that importing inductor names by default. A cache whose
+    files were cut short (a full disk, a killed write) is compiled anew (inductor warns)."""
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
-    done = subprocess.run(
-        [sys.executable, "-c", KERNEL_CACHE, str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["None", str(tmp_path / "inductor")]
-    assert any((tmp_path / "inductor").rglob("*.py"))  # the graphs' generated code
+
+    def serve() -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", KERNEL_CACHE, str(tmp_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.splitlines()
+
+    cold = serve()
+    assert cold[0] == "None True"  # every class compiled
+    assert cold[1].startswith(f"{tmp_path / 'inductor'} ")
+    kernels = [f for f in (tmp_path / "inductor").rglob("*") if f.is_file()]
+    assert any(f.suffix == ".py" for f in kernels)  # the graphs' generated code
+    for kernel in kernels:
+        kernel.write_bytes(kernel.read_bytes()[:100])
+    assert serve() == cold
