@@ -316,6 +316,29 @@ def test_a_plain_step_carries_the_prompts_chunks_in_its_own_forward(
     assert (accepted > 0) == (mode is Mode.DCOCO)
 
 
+def test_a_chunk_exploring_the_dearer_way_takes_its_part_and_steers_nothing(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk run the way measured dearer gets `ChunkPlacement.part` of the budget, and its
+    cost does not steer the budget (it was not a full chunk)."""
+    eng = engine(pair, Mode.VANILLA, batch=2, prefill_tokens=32, prefill_alongside=False)
+    monkeypatch.setattr(eng.chunk_placement, "part", lambda alongside: 0.5)
+    taken: list[list[int]] = []
+    prefill = eng.runner.prefill
+    monkeypatch.setattr(
+        eng.runner,
+        "prefill",
+        lambda seqs, chunks: taken.append(list(chunks)) or prefill(seqs, chunks),
+    )
+    eng.add_request("r0", [3, 1, 4], SamplingParams(max_tokens=8))
+    eng.step()
+    steered = eng.prefill_budget.chunk
+    eng.add_request("p1", [i % 14 for i in range(60)], SamplingParams(max_tokens=2))
+    eng.step()
+    assert taken[-1] == [min(32, steered) // 2] == [8]  # half the budget, above MIN_CHUNK
+    assert eng.prefill_budget.chunk == steered
+
+
 def test_each_request_speculates_as_it_asked_inside_one_batch(pair: Pair) -> None:
     """off, ngram, dflash and dcoco side by side in one DCOCO engine: every output is the
     target's own (fp32), and each token's provenance adds up to the request's usage."""
