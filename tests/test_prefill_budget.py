@@ -111,3 +111,15 @@ def test_an_explored_way_gets_what_the_cheaper_way_would_take_in_the_same_time()
 def test_a_forced_placement_is_never_measured_against_the_other() -> None:
     assert all(ChunkPlacement(forced=True).alongside() for _ in range(20))
     assert not any(ChunkPlacement(forced=False).alongside() for _ in range(20))
+
+
+def test_a_dearer_way_is_not_explored_when_its_part_would_fall_below_the_minimum_chunk() -> None:
+    """At a 4x dearer way, an explored chunk gets a quarter of the budget: with a budget of 8
+    tokens for one prompt that is under MIN_CHUNK, so the chunk runs the cheaper way."""
+    placement = ChunkPlacement()
+    placement.observe(True, 16, 0.016)
+    placement.observe(False, 16, 0.064)
+    placement.chunks = EXPLORE_EVERY - 1  # the next chunk explores
+    assert placement.choose(floor=MIN_CHUNK / 8) == (True, 1.0)
+    placement.chunks = EXPLORE_EVERY - 1
+    assert placement.choose(floor=MIN_CHUNK / 32) == (False, 0.25)

@@ -178,7 +178,7 @@ class Engine:
         of the budget; returns the chunks' tokens and seconds."""
         chunks = self._chunks(seqs, part)
         start = time.perf_counter()
-        logits, context = self.runner.prefill(seqs, chunks)  # [N, V]
+        logits, context = self.runner.prefill(seqs, chunks)  # [D, V]
         seconds = time.perf_counter() - start
         self._chunked(seqs, chunks, logits, context, result, seconds, part)
         return sum(chunks), seconds
@@ -197,10 +197,10 @@ class Engine:
         seconds: float,
         part: float = 1.0,
     ) -> None:
-        """Books a step's chunks (next-token logits [N, V] after each): a prompt now wholly
-        cached gets its first token and its sequence joins the running ones. `seconds`: what
-        the chunks added to the step, which steers the budget while others decode, unless
-        they took only `part` of it (a way explored)."""
+        """Books a step's chunks (`logits` [D, V] after the D that end their prompt): a prompt
+        now wholly cached gets its first token and its sequence joins the running ones.
+        `seconds`: what the chunks added to the step, which steers the budget while others
+        decode, unless they took only `part` of it (a way explored)."""
         self.runner.extend_context(context)
         share = self._share(seqs, part)
         if share < UNBOUNDED and part == 1.0:
@@ -210,7 +210,7 @@ class Engine:
         rows = [row for row, seq in enumerate(seqs) if seq.num_cached == len(seq.prompt_ids)]
         done = [seqs[row] for row in rows]
         if done:
-            first = self._sample(done, logits[rows]).tolist()  # [D]
+            first = self._sample(done, logits).tolist()  # [D]
             for row, seq, token in zip(rows, done, first, strict=True):
                 features = self._features(context, row, seq.num_cached)
                 report(seq, seq.append([token]), result, provenance(0, None), (), features)
@@ -231,8 +231,10 @@ class Engine:
         """One plain step: vanilla mode, or a speculative cycle that verifies nothing. The
         prompts `prefilling` get their chunks in the same forward or after it in their own,
         whichever `chunk_placement` finds adds less to the step."""
-        alongside = bool(prefilling) and self.chunk_placement.alongside()
-        part = self.chunk_placement.part(alongside) if prefilling else 1.0
+        alongside, part = False, 1.0
+        if prefilling:
+            floor = MIN_CHUNK * len(prefilling) / self.prefill_budget.tokens()
+            alongside, part = self.chunk_placement.choose(floor)
         start = time.perf_counter()
         if alongside:
             chunks = self._chunks(prefilling, part)

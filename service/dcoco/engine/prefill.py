@@ -77,6 +77,16 @@ class ChunkPlacement:
         cheaper = self.added[True] <= self.added[False]
         return not cheaper if self.chunks % EXPLORE_EVERY == 0 else cheaper
 
+    def choose(self, floor: float) -> tuple[bool, float]:
+        """The next chunk's way and its `part` of the budget. `floor`: the least part that
+        still gives each prompt MIN_CHUNK tokens. A dearer way whose part falls below it is
+        not explored this time: its chunk, held at MIN_CHUNK, would add more to the streams'
+        step than the budget's chunk does the cheaper way, and a ride along in an engine whose
+        plain steps are compiled also runs the streams' rows eagerly."""
+        alongside = self.alongside()
+        part = self.part(alongside)
+        return (not alongside, 1.0) if part < floor else (alongside, part)
+
     def part(self, alongside: bool) -> float:
         """The share of the budget a chunk run this way gets: all of it where this way is the
         cheaper (or either is unmeasured); where it is only explored, what the cheaper way
