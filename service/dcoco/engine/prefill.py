@@ -60,8 +60,8 @@ class ChunkPlacement:
     the streams' rows off their narrow kernels (the quantized linears switch to dense weights
     at the width the two make together) and off their compiled graphs, and its own forward
     costs no more. So it is measured: each way's seconds added per chunk token (a running
-    mean), the cheaper way taken, and every EXPLORE_EVERY-th chunk the other. `forced` fixes
-    the way instead (`EngineConfig.prefill_alongside`)."""
+    mean), the cheaper way taken, and every EXPLORE_EVERY-th chunk the other (`choose`).
+    `forced` fixes the way instead (`EngineConfig.prefill_alongside`)."""
 
     forced: bool | None = None
     added: dict[bool, float] = field(default_factory=dict)  # alongside -> seconds per token
