@@ -1,6 +1,10 @@
 import pytest
+import torch
 
 from dcoco.engine.engine import Engine
+from dcoco.engine.prefill import EXPLORE_EVERY
+from dcoco.engine.runner import ContextUpdate
+from dcoco.engine.sequence import Sequence
 from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode, Rule
@@ -401,3 +405,59 @@ def test_ngram_drafting_needs_no_drafter_and_is_lossless(pair: Pair) -> None:
     assert sum(c.accepted_tokens for c in cycles) > 20
     assert any(n == 6 for c in cycles for n in c.accepted_lengths)  # a whole block of 5
     assert any(c.draft_tokens < 5 * c.verifications for c in cycles)  # short or no lookups
+
+
+def test_only_a_chunk_that_ends_its_prompt_gets_next_token_logits(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt joining over several chunks runs the LM head once, for its last chunk: the
+    earlier chunks' logits would be thrown away. Its first token is still the target's."""
+    eng = engine(pair, Mode.VANILLA, batch=2, prefill_tokens=8, prefill_cycles=0)
+    rows: list[int] = []
+    prefill = eng.runner.prefill
+
+    def counted(seqs: list[Sequence], chunks: list[int]) -> tuple[torch.Tensor, ContextUpdate]:
+        logits, context = prefill(seqs, chunks)
+        rows.append(logits.shape[0])
+        return logits, context
+
+    monkeypatch.setattr(eng.runner, "prefill", counted)
+    monkeypatch.setattr(eng.chunk_placement, "forced", False)  # chunks in their own forward
+    eng.add_request("r0", [3, 1, 4], SamplingParams(max_tokens=12))
+    eng.step()
+    prompt = [i % 14 for i in range(30)]
+    eng.add_request("p1", prompt, SamplingParams(max_tokens=1))
+    first: list[int] = []
+    while not first:
+        first = [
+            t for out in eng.step().outputs if out.request_id == "p1" for t in out.new_token_ids
+        ]
+    assert rows[0] == 1  # r0's whole prompt, nothing decoding yet
+    assert rows[1:] == [0, 0, 0, 1]  # 30 tokens in chunks of 8: the last ends the prompt
+    assert first == greedy_reference(pair[0], prompt, 1)
+
+
+def test_a_dearer_way_whose_part_falls_under_the_minimum_chunk_is_not_explored(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Riding along measured 4x dearer and the budget at 8 tokens for one prompt: the explored
+    chunk's part (2 tokens) would fall under MIN_CHUNK, so the chunk runs its own forward with
+    the whole budget."""
+    eng = engine(pair, Mode.VANILLA, batch=2, prefill_tokens=8, prefill_cycles=0)
+    eng.add_request("r0", [3, 1, 4], SamplingParams(max_tokens=8))
+    eng.step()
+    eng.chunk_placement.added = {True: 0.004, False: 0.001}
+    eng.chunk_placement.chunks = EXPLORE_EVERY - 1  # the next chunk explores
+    taken: list[list[int]] = []
+    prefill = eng.runner.prefill
+    monkeypatch.setattr(
+        eng.runner,
+        "prefill",
+        lambda seqs, chunks: taken.append(list(chunks)) or prefill(seqs, chunks),
+    )
+    monkeypatch.setattr(
+        eng.runner, "decode_with_chunks", lambda *args: pytest.fail("explored a ride along")
+    )
+    eng.add_request("p1", [i % 14 for i in range(30)], SamplingParams(max_tokens=2))
+    eng.step()
+    assert taken[-1] == [8]
