@@ -1,9 +1,12 @@
 """Adaptive verification: the planner's choices on known costs and acceptance, and the engine
 staying lossless whatever prefix it verifies."""
 
+import time
+
 import pytest
 
 from dcoco.engine.engine import Engine
+from dcoco.engine.sequence import Sequence
 from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
@@ -183,3 +186,42 @@ def test_adaptive_greedy_output_is_token_for_token_the_targets(pair: Pair) -> No
             assert completion.token_ids == greedy_reference(target, prompt, 40)
         verified = {c.draft_tokens // max(1, c.verifications) for c in cycles}
         assert len(verified) > 1, verified  # it really chose different prefixes
+
+
+def test_a_draft_after_plain_steps_is_not_charged_their_deferred_context(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain steps leave the drafter's context to the next draft. After 20 of them, writing it
+    takes 20 positions' time, of which the planner is charged what a run of drafting cycles
+    owes: k + 1 positions a row. Here a position takes 10 ms to write."""
+    target, drafter = pair
+    cfg = EngineConfig(mode=Mode.DCOCO, max_batch_size=1, max_model_len=96, adaptive=True)
+    eng = Engine(target, drafter, cfg)
+    plans = iter([0] * 20 + [2] * 10)
+    monkeypatch.setattr(eng, "_plan", lambda seqs: next(plans))
+    flush = eng.runner.flush_context
+
+    def slow(seqs: list[Sequence]) -> None:
+        time.sleep(0.01 * sum(s.pending_positions for s in seqs))
+        flush(seqs)
+
+    monkeypatch.setattr(eng.runner, "flush_context", slow)
+    charged: list[tuple[int, float]] = []
+    observe = eng._observe
+
+    def record(
+        seqs: list[Sequence], k: int, accepted: list[int], fixed: float, verify: float
+    ) -> None:
+        charged.append((k, fixed))
+        observe(seqs, k, accepted, fixed, verify)
+
+    monkeypatch.setattr(eng, "_observe", record)
+    eng.add_request("r", PROMPTS[0], SamplingParams(max_tokens=40, ignore_eos=True))
+    drafted: list[float] = []
+    while not drafted:
+        cycles = eng.step().cycles
+        drafted = [c.seconds["draft"] for c in cycles if c.draft_tokens]
+    assert drafted[0] >= 0.2  # the step wrote about 20 positions' context
+    k, fixed = charged[-1]
+    assert k == 2
+    assert 0.03 <= fixed < 0.1  # charged 3 positions' writing (0.03 s) and the draft
