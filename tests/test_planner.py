@@ -1,6 +1,7 @@
 """Adaptive verification: the planner's choices on known costs and acceptance, and the engine
 staying lossless whatever prefix it verifies."""
 
+import copy
 import time
 
 import pytest
@@ -225,3 +226,19 @@ def test_a_draft_after_plain_steps_is_not_charged_their_deferred_context(
     k, fixed = charged[-1]
     assert k == 2
     assert 0.03 <= fixed < 0.1  # charged 3 positions' writing (0.03 s) and the draft
+
+
+def test_the_corrector_s_token_table_is_built_before_the_first_cycle(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Built lazily, it made the first cycle's drafting cost 4x its usual on SmolLM2, and the
+    planner, taking that for the drafting cost, stepped plain where drafting paid."""
+    target, drafter = pair[0], copy.deepcopy(pair[1])  # no table built by earlier tests
+    assert drafter.corrector is not None
+    cfg = EngineConfig(mode=Mode.DCOCO, max_batch_size=1, max_model_len=96, adaptive=True)
+    eng = Engine(target, drafter, cfg)
+    monkeypatch.setattr(
+        drafter.corrector.rep_token, "forward", lambda x: pytest.fail("built in a cycle")
+    )
+    _, cycles = eng.generate([PROMPTS[1]], SamplingParams(max_tokens=12))
+    assert any(c.draft_tokens for c in cycles)  # it drafted, and corrected
