@@ -217,6 +217,8 @@ llm = LLM(model=target, speculative_config={"method": "dflash", "model": drafter
 stored, store = [], hooks.store_context
 hooks.store_context = lambda proposer, **kw: stored.append(1) or store(proposer, **kw)
 core = llm.llm_engine.engine_core.engine_core
+corrector = core.model_executor.driver_worker.worker.model_runner.drafter.model.dcoco.corrector
+table = corrector._token_table  # built at start, before any draft
 taken, take = [], core.model_executor.take_draft_token_ids
 core.model_executor.take_draft_token_ids = lambda: taken.append(1) or take()
 lookup = core.scheduler.dynamic_sd_lookup
@@ -233,6 +235,7 @@ for name in ("ours", "upstream"):
     results[name] = {"tokens": [list(o.outputs[0].token_ids) for o in outputs],
                      "drafts": [json.loads(l) for l in open(log).readlines()[lines:]],
                      "stored": len(stored), "taken": len(taken)}
+results["ours"]["table"] = [table is not None, corrector._token_table is table]
 print("RESULT " + json.dumps(results))
 """
 
@@ -257,6 +260,7 @@ def test_plain_steps_keep_the_drafter_s_context_without_its_forward(
     result = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert result, done.stderr[-3000:]
     ours, upstream = json.loads(result[0][len("RESULT ") :]).values()
+    assert ours["table"] == [True, True]  # the corrector's table, built at start, never again
     assert ours["stored"] > 2 * len(ours["drafts"]) > 0  # most steps stored context only
     assert upstream["stored"] == 0
     assert ours["taken"] == len(ours["drafts"])  # one drafting step: one draft log line

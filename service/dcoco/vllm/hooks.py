@@ -12,6 +12,11 @@
 - `GPUModelRunner.execute_model` / `sample_tokens` (the CPU runner inherits both): the step's
   wall time, and after verification the per-request accepted counts that tell which corrected
   tokens the target accepted.
+- `GPUModelRunner.initialize_kv_cache`, once at start after the load has shared the target's
+  embedding into the drafter: it also builds the corrector's whole-vocabulary token table, as
+  the V2 speculator's load does, rather than the first drafting step, whose seconds the
+  adaptive planner reads (in the torch engine a table built in the first cycle made drafting
+  look four times its cost). `install` runs inside the load, too late to wrap that.
 
 `install` runs when vLLM builds a DCOCO model, in the worker process. It fails loudly when a
 hook point is missing or when the V2 runner is active without the DCOCO speculator installed.
@@ -37,7 +42,7 @@ PROPOSER_HOOKS = (
     "set_inputs_first_pass",
     "build_model_inputs_first_pass",
 )
-RUNNER_HOOKS = ("execute_model", "sample_tokens")
+RUNNER_HOOKS = ("execute_model", "sample_tokens", "initialize_kv_cache")
 
 
 def install(vllm_config: VllmConfig) -> None:
@@ -60,6 +65,7 @@ def install(vllm_config: VllmConfig) -> None:
     _wrap(DFlashProposer, "propose", _propose)
     _wrap(GPUModelRunner, "execute_model", _execute_model)
     _wrap(GPUModelRunner, "sample_tokens", _sample_tokens)
+    _wrap(GPUModelRunner, "initialize_kv_cache", _initialize_kv_cache)
 
 
 def _wrap(owner: type, name: str, wrapper: Callable[..., Any]) -> None:
@@ -119,6 +125,19 @@ def _propose(original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any)
     correction = runtime.times.correct - correct_before
     runtime.times.draft += time.perf_counter() - start - correction
     return drafts
+
+
+def _initialize_kv_cache(
+    original: Callable[..., Any], self: Any, *args: Any, **kwargs: Any
+) -> None:
+    original(self, *args, **kwargs)
+    runtime = _runner_runtime(self)
+    if runtime is None:
+        return
+    embed = _unwrap(self.drafter.model).embed_weight()  # [V, E]
+    with torch.inference_mode():
+        probe = torch.zeros(1, dtype=torch.long, device=embed.device)  # [1]
+        runtime.corrector.token_rep(probe, embed)
 
 
 def store_context(
