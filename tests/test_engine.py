@@ -320,13 +320,8 @@ def test_a_plain_step_carries_the_prompts_chunks_in_its_own_forward(
     assert (accepted > 0) == (mode is Mode.DCOCO)
 
 
-def test_a_chunk_exploring_the_dearer_way_takes_its_part_and_steers_nothing(
-    pair: Pair, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A chunk run the way measured dearer gets `ChunkPlacement.part` of the budget, and its
-    cost does not steer the budget (it was not a full chunk)."""
-    eng = engine(pair, Mode.VANILLA, batch=2, prefill_tokens=32, prefill_alongside=False)
-    monkeypatch.setattr(eng.chunk_placement, "part", lambda alongside: 0.5)
+def chunks_taken(eng: Engine, monkeypatch: pytest.MonkeyPatch) -> list[list[int]]:
+    """The chunks of every prefill forward `eng` runs from now on, one list a forward."""
     taken: list[list[int]] = []
     prefill = eng.runner.prefill
     monkeypatch.setattr(
@@ -334,6 +329,17 @@ def test_a_chunk_exploring_the_dearer_way_takes_its_part_and_steers_nothing(
         "prefill",
         lambda seqs, chunks: taken.append(list(chunks)) or prefill(seqs, chunks),
     )
+    return taken
+
+
+def test_a_chunk_exploring_the_dearer_way_takes_its_part_and_steers_nothing(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk run the way measured dearer gets `ChunkPlacement.part` of the budget, and its
+    cost does not steer the budget (it was not a full chunk)."""
+    eng = engine(pair, Mode.VANILLA, batch=2, prefill_tokens=32, prefill_alongside=False)
+    monkeypatch.setattr(eng.chunk_placement, "part", lambda alongside: 0.5)
+    taken = chunks_taken(eng, monkeypatch)
     eng.add_request("r0", [3, 1, 4], SamplingParams(max_tokens=8))
     eng.step()
     steered = eng.prefill_budget.chunk
@@ -448,13 +454,7 @@ def test_a_dearer_way_whose_part_falls_under_the_minimum_chunk_is_not_explored(
     eng.step()
     eng.chunk_placement.added = {True: 0.004, False: 0.001}
     eng.chunk_placement.chunks = EXPLORE_EVERY - 1  # the next chunk explores
-    taken: list[list[int]] = []
-    prefill = eng.runner.prefill
-    monkeypatch.setattr(
-        eng.runner,
-        "prefill",
-        lambda seqs, chunks: taken.append(list(chunks)) or prefill(seqs, chunks),
-    )
+    taken = chunks_taken(eng, monkeypatch)
     monkeypatch.setattr(
         eng.runner, "decode_with_chunks", lambda *args: pytest.fail("explored a ride along")
     )
