@@ -88,9 +88,7 @@ class ModelRunner:
             if drafter.corrector is not None:
                 # Its whole-vocabulary token table, built now rather than inside the first
                 # cycle (14 ms for SmolLM2's), whose drafting the planner would take for usual.
-                with torch.inference_mode():
-                    probe = torch.zeros(1, dtype=torch.long)  # [1]
-                    drafter.corrector.token_rep(probe, target.model.embed_tokens.weight)
+                drafter.corrector.build_token_table(target.model.embed_tokens.weight)
         self.compiled: CompiledLayers | None = None  # the target's layers
         self.compiled_drafter: CompiledLayers | None = None
         self.stalls = StallGuard()  # eager layers while compiled forwards stall

@@ -70,6 +70,13 @@ class Corrector(nn.Module):
         delta = hidden @ self.delta_out.weight[0] + self.delta_out.bias  # [R, B-1, K, K]
         return cand_logits[:, 1:].unsqueeze(2) + delta  # [R, B-1, K, K]
 
+    @torch.inference_mode()
+    def build_token_table(self, embed_weight: torch.Tensor) -> None:
+        """Builds the whole-vocabulary table `token_rep` reads, now rather than on the first
+        draft: in a timed step (the adaptive planners read drafting's seconds) or a CUDA graph."""
+        probe = torch.zeros(1, dtype=torch.long, device=embed_weight.device)  # [1]
+        self.token_rep(probe, embed_weight)
+
     def token_rep(self, ids: torch.Tensor, embed_weight: torch.Tensor) -> torch.Tensor:
         """W_tok · embed(ids) [..., Z]; from a whole-vocabulary table when no gradient is needed.
 

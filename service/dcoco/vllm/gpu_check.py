@@ -140,9 +140,8 @@ def correction_cost(
     assert drafter.corrector is not None
     runtime = DCOCORuntime(drafter.corrector, SelectionConfig(d.top_k))
     drafter.rotary.reserve(d.context + d.block + 1)
+    runtime.corrector.build_token_table(embed)
     with torch.inference_mode():
-        probe = torch.zeros(1, dtype=torch.long, device=device)  # [1]
-        runtime.corrector.token_rep(probe, embed)  # builds the [V, Z] token table once
         return [_one_batch(drafter, runtime, lm_head, embed, d, batch, device) for batch in batches]
 
 

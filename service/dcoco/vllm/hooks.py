@@ -134,10 +134,7 @@ def _initialize_kv_cache(
     runtime = _runner_runtime(self)
     if runtime is None:
         return
-    embed = _unwrap(self.drafter.model).embed_weight()  # [V, E]
-    with torch.inference_mode():
-        probe = torch.zeros(1, dtype=torch.long, device=embed.device)  # [1]
-        runtime.corrector.token_rep(probe, embed)
+    runtime.corrector.build_token_table(_unwrap(self.drafter.model).embed_weight())
 
 
 def store_context(

@@ -38,12 +38,8 @@ class DCOCOSpeculator(DFlash2Speculator):
         self, target_model: nn.Module, target_attn_layer_names: set[str]
     ) -> nn.Module:
         model = super().load_draft_model(target_model, target_attn_layer_names)
-        embed = model.embed_weight()  # [V, E], the target's, shared at load
-        with torch.inference_mode():
-            # Builds the corrector's whole-vocabulary token table now, outside any CUDA graph;
-            # a graph replay then only gathers from it.
-            probe = torch.zeros(1, dtype=torch.long, device=embed.device)  # [1]
-            model.dcoco.corrector.token_rep(probe, embed)
+        # The target's embedding, shared at load: a graph replay then only gathers from it.
+        model.dcoco.corrector.build_token_table(model.embed_weight())
         return model
 
     def _score_candidates(
