@@ -222,12 +222,12 @@ def test_small_bf16_attention_in_fp32_or_bf16_gives_the_same_answer_within_round
 
 
 @pytest.mark.usefixtures("any_load")
-def test_the_attention_choice_is_measured_once_cached_and_applied_by_engines(
+def test_the_attention_choice_is_measured_once_cached_and_sets_the_engines_attention_and_caches(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     target = make_target(hidden=64, vocab=64)
     first = attention_upcast(target, tmp_path)
-    key = cache_key(target, ("attention", *UPCAST_SHAPES))
+    key = cache_key(target, ("attention-cache", *UPCAST_SHAPES))
     entry = json.loads(cache_file(tmp_path).read_text())[key]
     assert set(entry) == {"bf16", "fp32"}
     assert all(s > 0 for s in entry.values())
@@ -245,6 +245,9 @@ def test_the_attention_choice_is_measured_once_cached_and_applied_by_engines(
         models = (engine.runner.target, engine.runner.drafter)
         flags = {m.upcast for model in models for m in model.modules() if hasattr(m, "upcast")}
         assert flags == {upcast}
+        caches = (engine.runner.target_cache, engine.runner.drafter_cache)
+        held = {t.dtype for c in caches if c is not None for t in (c.k, c.v)}
+        assert held == {torch.float32 if upcast else torch.bfloat16}  # what attention reads
     fp32 = Engine(
         copy.deepcopy(target), None, replace(cfg, mode=Mode.VANILLA, precision=Precision.FP32)
     )

@@ -261,7 +261,8 @@ UPCAST_KEYS = 256
 
 
 def measure_upcast(target: CausalLM) -> dict[str, float]:
-    """Seconds of the target's small masked attention (SDPA) in bf16 and on fp32 copies: the
+    """Seconds of the target's small masked attention (SDPA) over a bf16 cache in bf16, and
+    over an fp32 cache (what an engine that upcasts keeps) with its bf16 queries converted: the
     geometric mean over UPCAST_SHAPES of the fastest of REPEATS calls."""
     c = target.config
     logs = {"bf16": 0.0, "fp32": 0.0}
@@ -270,13 +271,13 @@ def measure_upcast(target: CausalLM) -> dict[str, float]:
             samples = []
             for repeat in range(REPEATS + 1):
                 keys = UPCAST_KEYS + repeat  # a new length, as every decoding step brings
-                q = torch.randn(rows, c.num_attention_heads, queries, c.head_dim).bfloat16()
-                k = torch.randn(rows, c.num_key_value_heads, keys, c.head_dim).bfloat16()
-                mask = torch.ones(rows, 1, queries, keys, dtype=torch.bool)  # [N, 1, T, L]
                 dtype = torch.float32 if work == "fp32" else torch.bfloat16
+                q = torch.randn(rows, c.num_attention_heads, queries, c.head_dim).bfloat16()
+                k = torch.randn(rows, c.num_key_value_heads, keys, c.head_dim).to(dtype)
+                mask = torch.ones(rows, 1, queries, keys, dtype=torch.bool)  # [N, 1, T, L]
                 start = time.perf_counter()
                 F.scaled_dot_product_attention(
-                    q.to(dtype), k.to(dtype), k.to(dtype), attn_mask=mask, enable_gqa=True
+                    q.to(dtype), k, k, attn_mask=mask, enable_gqa=True
                 ).bfloat16()  # [N, Hq, T, D]
                 samples.append(time.perf_counter() - start)
             logs[work] += math.log(min(samples[1:])) / len(UPCAST_SHAPES)
@@ -291,7 +292,7 @@ def attention_upcast(target: CausalLM, cache_dir: Path) -> bool:
 
     seconds = cached(
         cache_dir,
-        cache_key(target, ("attention", *UPCAST_SHAPES)),
+        cache_key(target, ("attention-cache", *UPCAST_SHAPES)),
         lambda: measure_upcast(target),
         read,
         lambda s: s,

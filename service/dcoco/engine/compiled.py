@@ -48,7 +48,7 @@ import torch._dynamo
 from torch._inductor.compile_fx import compile_fx
 from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-from dcoco.engine.kv_cache import CacheView, KVCache
+from dcoco.engine.kv_cache import CacheView, KVCache, lazy_zeros
 from dcoco.model.layers import DecoderLayer, LayerCall
 
 log = logging.getLogger(__name__)
@@ -77,8 +77,8 @@ def _layer(
     Writes the new keys and values, attends to the first L positions -> [N, T, H]."""
 
     def kv(_: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        k_cache[rows, :, positions] = k.transpose(1, 2)  # [N, T, Hkv, D]
-        v_cache[rows, :, positions] = v.transpose(1, 2)  # [N, T, Hkv, D]
+        k_cache[rows, :, positions] = k.transpose(1, 2).to(k_cache.dtype)  # [N, T, Hkv, D]
+        v_cache[rows, :, positions] = v.transpose(1, 2).to(v_cache.dtype)  # [N, T, Hkv, D]
         keys = mask.shape[-1]
         slots = rows[:, 0]  # [N]
         return k_cache[slots, :, :keys], v_cache[slots, :, :keys]  # [N, Hkv, L, D] each
@@ -204,8 +204,8 @@ class CompiledLayers:
         """Compiles each shape class with the model's own layers, on scratch caches. A failed
         compile (no C++ compiler, an unwritable cache, an op inductor rejects) is logged and
         leaves the layers eager."""
-        k = torch.zeros_like(self.cache.k[0])  # [S, Hkv, C, D]
-        v = torch.zeros_like(self.cache.v[0])  # [S, Hkv, C, D]
+        k = lazy_zeros(self.cache.k.shape[1:], self.cache.k.dtype)  # [S, Hkv, C, D]
+        v = lazy_zeros(self.cache.v.shape[1:], self.cache.v.dtype)  # [S, Hkv, C, D]
         try:
             with torch.inference_mode(), torch._dynamo.config.patch(recompile_limit=64):
                 for n, t in self.shapes:

@@ -57,17 +57,20 @@ class ModelRunner:
         t = target.config
         apply_precision(target, cfg.precision)  # in place: the models belong to this engine now
         dense_crossover(target, cfg.cache_dir)
+        upcast = dtype == torch.bfloat16 and attention_upcast(target, cfg.cache_dir)
+        set_attention_upcast(target, upcast)
+        # The caches hold keys and values in the dtype attention reads them in: fp32 where small
+        # bf16 attention upcasts, so no step converts the whole context again.
+        cache_dtype = torch.float32 if upcast else dtype
         self.target_cache = KVCache(
             t.num_hidden_layers,
             cfg.max_batch_size + 1,  # a spare slot for swaps (`Scheduler`)
             t.num_key_value_heads,
             t.head_dim,
             capacity,
-            dtype,
+            cache_dtype,
         )
         target.rotary.reserve(capacity, dtype)
-        upcast = dtype == torch.bfloat16 and attention_upcast(target, cfg.cache_dir)
-        set_attention_upcast(target, upcast)
         self.feature_layers: tuple[int, ...] = cfg.feature_layers
         self.drafter_cache: KVCache | None = None
         if drafter is not None:
@@ -81,7 +84,7 @@ class ModelRunner:
                 d.num_key_value_heads,
                 d.head_dim,
                 capacity,
-                dtype,
+                cache_dtype,
             )
             drafter.rotary.reserve(capacity, dtype)
             self.feature_layers = drafter.config.target_layer_ids

@@ -275,10 +275,12 @@ class Attention(nn.Module):
         """Projected q [N, T, Hq*D], k and v [N, T, Hkv*D] -> attention output [N, T, Hq*D].
 
         Masked bf16 attention over few queries (decoding, verifying, drafting a block) runs
-        on fp32 copies unless `upcast` is off. Which is faster depends on the CPU: bf16 SDPA
-        at these shapes was up to 6x slower than fp32 on an AVX512_BF16 CPU without AMX, and
-        1.5x faster on one with AMX (a bf16 plain step at batch 64). Engines measure it
-        (`precision.attention_upcast`). Long prefills and training's many blocks stay in bf16.
+        in fp32 unless `upcast` is off. Which is faster depends on the CPU: bf16 SDPA at these
+        shapes was up to 6x slower than fp32 on an AVX512_BF16 CPU without AMX, and 1.5x
+        faster on one with AMX (a bf16 plain step at batch 64). Engines measure it
+        (`precision.attention_upcast`) and keep their KV caches in the dtype it reads, so the
+        context comes in fp32 and only the new queries convert. Long prefills and training's
+        many blocks stay in bf16.
         """
         n, t, _ = q.shape
         q = self.q_norm(q.view(n, t, self.heads, self.head_dim))  # [N, T, Hq, D]
