@@ -1,5 +1,7 @@
 """The engine's KV cache holds memory for what its sequences wrote, not for its size."""
 
+from pathlib import Path
+
 import torch
 
 from dcoco.engine.engine import Engine
@@ -10,7 +12,7 @@ from factories import make_target
 
 
 def resident_bytes() -> int:
-    status = open("/proc/self/status").read()
+    status = Path("/proc/self/status").read_text()
     return int(status.split("VmRSS:")[1].split()[0]) * 1024
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from dcoco import precision
 from dcoco.engine.engine import Engine
+from dcoco.engine.runner import ModelRunner
 from dcoco.model.causal_lm import CausalLM
 from dcoco.model.layers import set_attention_upcast
 from dcoco.model.quant import DENSE_FROM, GROUP, Int4Linear, Int8Linear, quantized_linears
@@ -237,6 +238,7 @@ def test_the_attention_choice_is_measured_once_cached_and_sets_the_engines_atten
         raise AssertionError("measured again")
 
     monkeypatch.setattr(precision, "measure_upcast", fail)
+    monkeypatch.setattr(ModelRunner, "_start_compiling", lambda *_: None)  # the choice alone
     cfg = small_engine(Mode.DCOCO, Precision.BF16, tmp_path)
     for bf16_seconds, upcast in ((1.0, True), (0.5, False)):
         put_entry(tmp_path, key, {"bf16": bf16_seconds, "fp32": 0.75})
@@ -245,9 +247,13 @@ def test_the_attention_choice_is_measured_once_cached_and_sets_the_engines_atten
         models = (engine.runner.target, engine.runner.drafter)
         flags = {m.upcast for model in models for m in model.modules() if hasattr(m, "upcast")}
         assert flags == {upcast}
-        caches = (engine.runner.target_cache, engine.runner.drafter_cache)
-        held = {t.dtype for c in caches if c is not None for t in (c.k, c.v)}
-        assert held == {torch.float32 if upcast else torch.bfloat16}  # what attention reads
+        for compile in (False, True):
+            drafter = make_drafter(target)
+            engine = Engine(copy.deepcopy(target), drafter, replace(cfg, compile=compile))
+            caches = (engine.runner.target_cache, engine.runner.drafter_cache)
+            held = {t.dtype for c in caches if c is not None for t in (c.k, c.v)}
+            # eager layers read the cache as it is; compiled ones convert as they gather it
+            assert held == {torch.float32 if upcast and not compile else torch.bfloat16}
     fp32 = Engine(
         copy.deepcopy(target), None, replace(cfg, mode=Mode.VANILLA, precision=Precision.FP32)
     )

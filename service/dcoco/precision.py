@@ -261,8 +261,8 @@ UPCAST_KEYS = 256
 
 
 def measure_upcast(target: CausalLM) -> dict[str, float]:
-    """Seconds of the target's small masked attention (SDPA) over a bf16 cache in bf16, and
-    over an fp32 cache (what an engine that upcasts keeps) with its bf16 queries converted: the
+    """Seconds of the target's small masked attention (SDPA) over bf16 keys in bf16, and over
+    fp32 keys (what an eager engine that upcasts caches) with its bf16 queries converted: the
     geometric mean over UPCAST_SHAPES of the fastest of REPEATS calls."""
     c = target.config
     logs = {"bf16": 0.0, "fp32": 0.0}

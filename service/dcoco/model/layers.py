@@ -278,8 +278,8 @@ class Attention(nn.Module):
         in fp32 unless `upcast` is off. Which is faster depends on the CPU: bf16 SDPA at these
         shapes was up to 6x slower than fp32 on an AVX512_BF16 CPU without AMX, and 1.5x
         faster on one with AMX (a bf16 plain step at batch 64). Engines measure it
-        (`precision.attention_upcast`) and keep their KV caches in the dtype it reads, so the
-        context comes in fp32 and only the new queries convert. Long prefills and training's
+        (`precision.attention_upcast`); an eager engine that upcasts keeps its KV caches in
+        fp32, so only the new queries convert (`ModelRunner`). Long prefills and training's
         many blocks stay in bf16.
         """
         n, t, _ = q.shape
