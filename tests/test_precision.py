@@ -228,7 +228,7 @@ def test_the_attention_choice_is_measured_once_cached_and_sets_the_engines_atten
 ) -> None:
     target = make_target(hidden=64, vocab=64)
     first = attention_upcast(target, tmp_path)
-    key = cache_key(target, ("attention-cache", *UPCAST_SHAPES))
+    key = cache_key(target, ("attention", *UPCAST_SHAPES))
     entry = json.loads(cache_file(tmp_path).read_text())[key]
     assert set(entry) == {"bf16", "fp32"}
     assert all(s > 0 for s in entry.values())
