@@ -1,11 +1,14 @@
 """The engine's KV cache holds memory for what its sequences wrote, not for its size."""
 
+import mmap
 from pathlib import Path
 
+import pytest
 import torch
 
 from dcoco.engine.engine import Engine
 from dcoco.shared.engine_config import EngineConfig
+from dcoco.shared.errors import UsageError
 from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams
 from factories import make_target
@@ -34,3 +37,17 @@ def test_a_cache_sized_for_every_slot_at_full_context_holds_only_what_was_writte
     assert grown < size / 8, (grown, size)
     assert torch.count_nonzero(cache.k[:, :, :, :47]) > 0  # the sequences' 39 + 8 positions
     assert torch.count_nonzero(cache.k[:, :, :, 47 : cache.scratch]) == 0  # never written: zeros
+
+
+def test_a_cache_the_system_cannot_reserve_fails_start_with_one_line_naming_the_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(*_: object, **__: object) -> mmap.mmap:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    cfg = EngineConfig(mode=Mode.VANILLA, max_batch_size=4, max_model_len=64)
+    with pytest.raises(UsageError, match="DCOCO_MAX_BATCH_SIZE, DCOCO_MAX_MODEL_LEN") as raised:
+        Engine(make_target(vocab=64), None, cfg)
+    assert "5 sequences of" in str(raised.value)  # the batch and the swap slot
+    assert "Cannot allocate memory" in str(raised.value)

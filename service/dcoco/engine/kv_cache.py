@@ -18,6 +18,7 @@ import torch
 
 from dcoco.engine.scheduler import Move
 from dcoco.model.layers import KVSource
+from dcoco.shared.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,16 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
     ) -> None:
         shape = (num_layers, num_slots, kv_heads, capacity, head_dim)
-        self.k = lazy_zeros(shape, dtype)  # [layers, S, Hkv, C, D]
-        self.v = lazy_zeros(shape, dtype)  # [layers, S, Hkv, C, D]
+        try:
+            self.k = lazy_zeros(shape, dtype)  # [layers, S, Hkv, C, D]
+            self.v = lazy_zeros(shape, dtype)  # [layers, S, Hkv, C, D]
+        except OSError as failure:
+            size = 2 * math.prod(shape) * dtype.itemsize / 1e9
+            raise UsageError(
+                f"the KV cache for {num_slots} sequences of {capacity} positions ({size:.1f} GB "
+                f"of address space) cannot be reserved ({failure.strerror}): lower the batch "
+                "size or the context length (DCOCO_MAX_BATCH_SIZE, DCOCO_MAX_MODEL_LEN)"
+            ) from failure
         self.scratch = capacity - 1
 
     def write(self, layer: int, view: CacheView, k: torch.Tensor, v: torch.Tensor) -> None:
