@@ -49,7 +49,7 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     mapping reads as zeros without holding memory. A cache sized for every slot at full
     context (SmolLM2: 33 x 8,192 positions, 6 GB in bf16) then holds what its sequences wrote,
     not its size; reading a page never written (the masked keys past a shorter row's end)
-    commits nothing."""
+    maps the kernel's shared zero page rather than a page of its own."""
     count = math.prod(shape)
     size, flags = max(count * dtype.itemsize, 1), mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
     pages = mmap.mmap(-1, size, flags=flags)  # zero-filled by the kernel
