@@ -33,7 +33,6 @@ from dcoco.model.causal_lm import CausalLM
 from dcoco.paths import REPO_ROOT
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.tokenizer import Tokenizer
-from dcoco.train.corpus_chat import sharegpt_file
 from dcoco.train.data import Continuations
 from dcoco.train.drafter_stage import Phase, phase_step
 from dcoco.train.loop import EMA, MIN_LR_FRACTION
@@ -52,7 +51,7 @@ from dcoco.train.run_data import (
     shard_file,
     write_shard,
 )
-from dcoco.train.run_prompts import run_prompts
+from dcoco.train.run_prompts import stream_of
 from dcoco.train.run_sources import Source, Sources
 from dcoco.train.run_state import fingerprint, load_state, read_summary, save_state, write_summary
 
@@ -166,15 +165,7 @@ def run_leg(
         f"{position.next_prompt}, from {origin}",
         flush=True,
     )
-    prompts = run_prompts(
-        sharegpt_file(),
-        models / "heldout",
-        cfg.weights,
-        cfg.math_problems,
-        cfg.max_chars,
-        cfg.test_percent,
-        cfg.seed,
-    )
+    prompts = stream_of(cfg)
     sources = Sources(
         REPO_ROOT / cfg.target_path,
         tokenizer,

@@ -29,14 +29,13 @@ from dcoco.checkpoint import load_drafter, load_target, save_drafter
 from dcoco.paths import REPO_ROOT
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.tokenizer import END_OF_TEXT, Tokenizer
-from dcoco.train.corpus_chat import sharegpt_file
 from dcoco.train.data import Continuations, Labels
 from dcoco.train.run import DFlashTrainer
 from dcoco.train.run_config import SMOLLM2_RUN, RunConfig
 from dcoco.train.run_correctors import shipped
 from dcoco.train.run_data import answer_tokens, concat, write_shard
 from dcoco.train.run_measure import cpu_seconds
-from dcoco.train.run_prompts import run_prompts
+from dcoco.train.run_prompts import stream_of
 from dcoco.train.run_teacher import Prefiller
 
 LINKED = ("target", "heldout", "dcoco", "dcoco-frozen")  # shared by every arm's models folder
@@ -47,15 +46,7 @@ def make_teacher(cfg: RunConfig, sequences: int, out: Path) -> dict[str, Any]:
     models = REPO_ROOT / cfg.models_path
     tokenizer = Tokenizer.from_dir(REPO_ROOT / cfg.target_path)
     layers = load_drafter(models / "dflash").config.target_layer_ids
-    prompts = run_prompts(
-        sharegpt_file(),
-        models / "heldout",
-        cfg.weights,
-        cfg.math_problems,
-        cfg.max_chars,
-        cfg.test_percent,
-        cfg.seed,
-    )
+    prompts = stream_of(cfg)
     target = load_target(REPO_ROOT / cfg.target_path)
     prefiller = Prefiller(target, tokenizer, prompts, 0, cfg, layers, argmax=True)
     cpu, written, tokens = cpu_seconds(), 0, 0

@@ -18,11 +18,10 @@ from dcoco.checkpoint import load_drafter, load_target
 from dcoco.paths import REPO_ROOT
 from dcoco.shared.cpu import cpu_flags
 from dcoco.tokenizer import Tokenizer
-from dcoco.train.corpus_chat import sharegpt_file
 from dcoco.train.data import Labels
 from dcoco.train.run_config import RunConfig
 from dcoco.train.run_data import Distiller, Position
-from dcoco.train.run_prompts import run_prompts
+from dcoco.train.run_prompts import stream_of
 from dcoco.train.run_teacher import Prefiller
 
 
@@ -37,15 +36,7 @@ def measure_sources(cfg: RunConfig, seconds: float) -> dict[str, Any]:
     models = REPO_ROOT / cfg.models_path
     tokenizer = Tokenizer.from_dir(REPO_ROOT / cfg.target_path)
     layers = load_drafter(models / "dflash").config.target_layer_ids
-    prompts = run_prompts(
-        sharegpt_file(),
-        models / "heldout",
-        cfg.weights,
-        cfg.math_problems,
-        cfg.max_chars,
-        cfg.test_percent,
-        cfg.seed,
-    )
+    prompts = stream_of(cfg)
     found: dict[str, Any] = {
         "threads": cfg.threads,
         "seconds": seconds,

@@ -23,11 +23,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dcoco.paths import REPO_ROOT
 from dcoco.suites import HELDOUT, PACKAGED, load_suite
 from dcoco.train.corpus import is_held_out
-from dcoco.train.corpus_chat import MAX_CHARS, MAX_NON_ASCII, MIN_CHARS, conversations
+from dcoco.train.corpus_chat import (
+    MAX_CHARS,
+    MAX_NON_ASCII,
+    MIN_CHARS,
+    conversations,
+    sharegpt_file,
+)
 from dcoco.train.corpus_code import records_from_file, stdlib_files
 from dcoco.train.corpus_math import math_records
+from dcoco.train.run_config import RunConfig
 
 Message = dict[str, str]
 PREFIX_CHARS = 64  # a held-out prompt's normalised opening that no training prompt may share
@@ -159,3 +167,16 @@ def run_prompts(
         if weights.get(name, 0.0) > 0
     }
     return interleave(domains, weights, seed)
+
+
+def stream_of(cfg: RunConfig) -> list[RunPrompt]:
+    """`run_prompts` with a run's settings: the prompts its legs answer, in order."""
+    return run_prompts(
+        sharegpt_file(),
+        REPO_ROOT / cfg.models_path / "heldout",
+        cfg.weights,
+        cfg.math_problems,
+        cfg.max_chars,
+        cfg.test_percent,
+        cfg.seed,
+    )
