@@ -40,6 +40,30 @@ def distill_prompts(
     return prompts
 
 
+def distilling_engine(
+    target: CausalLM,
+    tokenizer: Tokenizer,
+    rows: int,
+    max_len: int,
+    precision: str,
+    feature_layers: tuple[int, ...],
+) -> Engine:
+    """A plain greedy engine over `rows` sequences of up to `max_len` tokens in `precision`,
+    keeping the features of `feature_layers` for every token it generates."""
+    return Engine(
+        target,
+        None,
+        EngineConfig(
+            mode=Mode.VANILLA,
+            max_batch_size=rows,
+            max_model_len=max_len,
+            eos_token_ids=tokenizer.eos_token_ids,
+            precision=Precision(precision),
+            feature_layers=feature_layers,
+        ),
+    )
+
+
 @torch.no_grad()
 def generate_continuations(
     target: CausalLM,
@@ -51,17 +75,9 @@ def generate_continuations(
     """Greedy continuations until the budget runs out; unfinished requests are dropped, and so
     are those whose continuation has fewer than 2 tokens (no block with a label). With
     `feature_layers`, the target's features at those layers are kept too."""
-    engine = Engine(
-        target,
-        None,
-        EngineConfig(
-            mode=Mode.VANILLA,
-            max_batch_size=cfg.batch_size,
-            max_model_len=cfg.max_prompt_tokens + cfg.max_new_tokens,
-            eos_token_ids=tokenizer.eos_token_ids,
-            precision=Precision(cfg.precision),
-            feature_layers=feature_layers,
-        ),
+    max_len = cfg.max_prompt_tokens + cfg.max_new_tokens
+    engine = distilling_engine(
+        target, tokenizer, cfg.batch_size, max_len, cfg.precision, feature_layers
     )
     params = SamplingParams(max_tokens=cfg.max_new_tokens)
     for i, prompt in enumerate(prompts):

@@ -14,14 +14,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from dcoco.engine.engine import Engine
 from dcoco.model.causal_lm import CausalLM
-from dcoco.shared.engine_config import EngineConfig
-from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams
 from dcoco.tokenizer import END_OF_TEXT, Tokenizer
 from dcoco.train.data import Continuations
-from dcoco.train.distill_stage import Answer, pack
+from dcoco.train.distill_stage import Answer, distilling_engine, pack
 from dcoco.train.run_config import RunConfig
 from dcoco.train.run_prompts import RunPrompt
 
@@ -65,17 +62,9 @@ class Distiller:
     ) -> None:
         self.tokenizer, self.prompts, self.position, self.cfg = tokenizer, prompts, position, cfg
         self.feature_layers = feature_layers  # the drafter's target layers
-        self.engine = Engine(
-            target,
-            None,
-            EngineConfig(
-                mode=Mode.VANILLA,
-                max_batch_size=cfg.batch_size,
-                max_model_len=cfg.max_prompt_tokens + cfg.max_new_tokens,
-                eos_token_ids=tokenizer.eos_token_ids,
-                precision=Precision(cfg.precision),
-                feature_layers=feature_layers,
-            ),
+        max_len = cfg.max_prompt_tokens + cfg.max_new_tokens
+        self.engine = distilling_engine(
+            target, tokenizer, cfg.batch_size, max_len, cfg.precision, feature_layers
         )
         self.params = SamplingParams(max_tokens=cfg.max_new_tokens)
         self.queue = list(position.redo)  # first the prompts an earlier leg left unfinished
