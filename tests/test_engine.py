@@ -332,6 +332,23 @@ def chunks_taken(eng: Engine, monkeypatch: pytest.MonkeyPatch) -> list[list[int]
     return taken
 
 
+def test_prompts_prefilled_whole_go_in_forwards_of_like_length(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing decoding, prompts are prefilled whole in one step, but not all padded to
+    the longest: a forward holds prompts of like length (`prefill.length_groups`). Each still
+    gets the target's own tokens, and the budget steered for chunks learns nothing from it."""
+    eng = engine(pair, Mode.VANILLA, batch=6)
+    taken = chunks_taken(eng, monkeypatch)
+    steered = eng.prefill_budget.chunk
+    completions, _ = eng.generate(PROMPTS, SamplingParams(max_tokens=6))
+    assert sorted(chunk for forward in taken for chunk in forward) == sorted(map(len, PROMPTS))
+    assert len(taken) > 1 and [13] in taken  # the 13-token prompt pads no one
+    for completion, prompt in zip(completions, PROMPTS, strict=True):
+        assert completion.token_ids == greedy_reference(pair[0], prompt, 6)
+    assert eng.prefill_budget.chunk == steered
+
+
 def test_a_chunk_exploring_the_dearer_way_takes_its_part_and_steers_nothing(
     pair: Pair, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -4,9 +4,12 @@ chunk costs of a fixed part plus a part per token (the shape measured on CPUs)."
 from dcoco.engine.prefill import (
     EXPLORE_EVERY,
     FIRST_CHUNK,
+    GROUP_TOKENS,
+    MAX_PADDING,
     MIN_CHUNK,
     ChunkPlacement,
     PrefillBudget,
+    length_groups,
 )
 
 
@@ -123,3 +126,21 @@ def test_a_dearer_way_is_not_explored_when_its_part_would_fall_below_the_minimum
     assert placement.choose(floor=MIN_CHUNK / 8) == (True, 1.0)
     placement.chunks = EXPLORE_EVERY - 1
     assert placement.choose(floor=MIN_CHUNK / 32) == (False, 0.25)
+
+
+def test_whole_prompts_go_in_forwards_of_like_length() -> None:
+    widths = [36, 500, 40, 480, 38, 510, 200]
+    groups = length_groups(widths)
+    assert sorted(row for group in groups for row in group) == list(range(len(widths)))
+    assert groups == [[5, 1, 3], [6], [2, 4, 0]]  # longest first; 200 would pad either neighbour
+    for group in groups:
+        padded = max(widths[row] for row in group) * len(group)
+        assert padded - sum(widths[row] for row in group) <= MAX_PADDING * padded
+    everything = max(widths) * len(widths)  # one forward, padded to the longest
+    assert sum(max(widths[r] for r in g) * len(g) for g in groups) < 0.55 * everything
+
+
+def test_a_forward_of_whole_prompts_holds_at_most_group_tokens_unless_one_prompt_does() -> None:
+    assert length_groups([GROUP_TOKENS // 4] * 6) == [[0, 1, 2, 3], [4, 5]]
+    assert length_groups([GROUP_TOKENS * 2, 7]) == [[0], [1]]
+    assert length_groups([]) == []

@@ -13,7 +13,13 @@ import torch
 from dcoco.engine.accounting import CycleBook, provenance, report
 from dcoco.engine.checks import check_models
 from dcoco.engine.outputs import Completion, RequestOutput, StepResult
-from dcoco.engine.prefill import MIN_CHUNK, UNBOUNDED, ChunkPlacement, PrefillBudget
+from dcoco.engine.prefill import (
+    MIN_CHUNK,
+    UNBOUNDED,
+    ChunkPlacement,
+    PrefillBudget,
+    length_groups,
+)
 from dcoco.engine.runner import ContextUpdate, ModelRunner
 from dcoco.engine.scheduler import Scheduler
 from dcoco.engine.sequence import Sequence
@@ -174,14 +180,18 @@ class Engine:
     def _prefill(
         self, result: StepResult, seqs: list[Sequence], part: float = 1.0
     ) -> tuple[int, float]:
-        """One chunk of every prompt being prefilled, in a forward of their own, taking `part`
-        of the budget; returns the chunks' tokens and seconds."""
-        chunks = self._chunks(seqs, part)
+        """One chunk of every prompt being prefilled, in forwards of their own, taking `part`
+        of the budget; returns the chunks' tokens and seconds. Whole prompts go in forwards of
+        like lengths (`prefill.length_groups`), not all padded to the longest."""
+        chunks, allowed = self._chunks(seqs, part), self._allowed(seqs, part)
+        whole = self._share(seqs, part) == UNBOUNDED
         start = time.perf_counter()
-        logits, context = self.runner.prefill(seqs, chunks)  # [D, V]
-        seconds = time.perf_counter() - start
-        self._chunked(seqs, chunks, logits, context, result, seconds, part)
-        return sum(chunks), seconds
+        for rows in length_groups(chunks) if whole else [list(range(len(seqs)))]:
+            group, sizes = [seqs[row] for row in rows], [chunks[row] for row in rows]
+            logits, context = self.runner.prefill(group, sizes)  # [D, V]
+            seconds = time.perf_counter() - start
+            self._chunked(group, sizes, logits, context, result, seconds, allowed)
+        return sum(chunks), time.perf_counter() - start
 
     def _chunks(self, seqs: list[Sequence], part: float = 1.0) -> list[int]:
         share = self._share(seqs, part)
@@ -195,16 +205,15 @@ class Engine:
         context: ContextUpdate,
         result: StepResult,
         seconds: float,
-        part: float = 1.0,
+        allowed: int | None,
     ) -> None:
         """Books a step's chunks (`logits` [D, V] after the D that end their prompt): a prompt
         now wholly cached gets its first token and its sequence joins the running ones.
-        `seconds`: what the chunks added to the step, which steers the budget while others
-        decode, unless they took only `part` of it (a way explored)."""
+        `seconds`: what the chunks added to the step, which steers the budget where they were
+        `allowed` that many tokens (`_allowed`)."""
         self.runner.extend_context(context)
-        share = self._share(seqs, part)
-        if share < UNBOUNDED and part == 1.0:
-            self.prefill_budget.observe_chunk(sum(chunks), seconds, share * len(seqs))
+        if allowed is not None:
+            self.prefill_budget.observe_chunk(sum(chunks), seconds, allowed)
         for seq, chunk in zip(seqs, chunks, strict=True):
             seq.num_cached += chunk
         rows = [row for row, seq in enumerate(seqs) if seq.num_cached == len(seq.prompt_ids)]
@@ -215,6 +224,13 @@ class Engine:
                 features = self._features(context, row, seq.num_cached)
                 report(seq, seq.append([token]), result, provenance(0, None), (), features)
         self.runner.move(self.scheduler.prefilled(done))
+
+    def _allowed(self, seqs: list[Sequence], part: float) -> int | None:
+        """The prompt tokens a step's chunks were allowed, where what they cost steers the
+        budget: not for whole prompts, nor for a chunk that took only `part` of the budget (a
+        way explored)."""
+        share = self._share(seqs, part)
+        return share * len(seqs) if share < UNBOUNDED and part == 1.0 else None
 
     def _share(self, seqs: list[Sequence], part: float = 1.0) -> int:
         """Prompt tokens each sequence may prefill this step: all that remain (UNBOUNDED) while
@@ -254,7 +270,8 @@ class Engine:
             report(seq, kept, result, provenance(0, None), (), self._features(context, row, 1))
         if alongside:
             added = elapsed - self.prefill_budget.per_cycle  # what the chunks cost the step
-            self._chunked(prefilling, chunks, *chunked, result, added, part)
+            allowed = self._allowed(prefilling, part)
+            self._chunked(prefilling, chunks, *chunked, result, added, allowed)
             self.chunk_placement.observe(True, sum(chunks), added)
         elif prefilling:
             self.chunk_placement.observe(False, *self._prefill(result, prefilling, part))

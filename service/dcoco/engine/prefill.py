@@ -21,6 +21,8 @@ MIN_CHUNK = 4  # prompt tokens a prefilling sequence gets per step at least
 UNBOUNDED = 2**62  # a sequence's share of a step that prefills whole prompts
 RATE = 0.2  # weight of each new measurement in a running mean
 EXPLORE_EVERY = 8  # chunks: one in this many runs the way `ChunkPlacement` did not choose
+GROUP_TOKENS = 8_192  # padded tokens a forward of whole prompts holds at most (one prompt more)
+MAX_PADDING = 0.125  # of a forward's padded tokens, where whole prompts share it
 
 
 @dataclass
@@ -102,3 +104,21 @@ class ChunkPlacement:
         per_token = max(seconds, 0.0) / max(tokens, 1)
         mean = self.added.get(alongside)
         self.added[alongside] = per_token if mean is None else mean * (1 - RATE) + per_token * RATE
+
+
+def length_groups(widths: list[int]) -> list[list[int]]:
+    """Rows of prompts prefilled whole (`widths` tokens each) in forwards of their own, each
+    padded to its longest: longest first, the next shorter joining the current forward while
+    it stays within GROUP_TOKENS padded tokens and MAX_PADDING of them padding. All in one
+    forward, short prompts were padded to the longest: the long run's distiller refills a
+    hundred rows at once, with prompts of 20 to 512 tokens."""
+    groups: list[list[int]] = []
+    for row in sorted(range(len(widths)), key=lambda r: -widths[r]):
+        group = groups[-1] if groups else []
+        padded = widths[group[0]] * (len(group) + 1) if group else 0
+        real = sum(widths[r] for r in group) + widths[row]
+        if group and padded <= GROUP_TOKENS and padded - real <= MAX_PADDING * padded:
+            group.append(row)
+        else:
+            groups.append([row])
+    return groups
