@@ -14,13 +14,21 @@ import torch
 
 from dcoco.checkpoint import CheckpointError, load_drafter
 from dcoco.paths import DEFAULT_HELDOUT, TINY_MODELS, TINY_TARGET
+from dcoco.shared.errors import UsageError
 from dcoco.suites import load_suite
 from dcoco.train import run as run_module
 from dcoco.train.data import Continuations, Labels
 from dcoco.train.run import run_leg, schedule
 from dcoco.train.run_config import RunConfig
 from dcoco.train.run_data import shard_file
-from dcoco.train.run_prompts import Exclusions, interleave, math_prompts, normalise, run_prompts
+from dcoco.train.run_prompts import (
+    Exclusions,
+    exhausted_domains,
+    interleave,
+    math_prompts,
+    normalise,
+    run_prompts,
+)
 from dcoco.train.run_state import STATE_FILE, SUMMARY_FILE
 
 pytestmark = pytest.mark.slow
@@ -232,6 +240,30 @@ def test_interleaving_keeps_every_prefix_near_the_weights() -> None:
     assert len(order) == len(math) + len(code)
     assert sum(p.domain == "code" for p in order[:40]) == 10
     assert order == interleave({"math": math, "code": code}, {"math": 0.75, "code": 0.25}, 0)
+
+
+def test_a_domain_the_stream_has_run_out_of_is_named_while_others_go_on() -> None:
+    math = list(math_prompts(400, 0))
+    code = [replace(p, domain="code", key=f"c{i}") for i, p in enumerate(math[:100])]
+    weights = {"math": 0.75, "code": 0.25, "prose": 0.0}
+    order = interleave({"math": math, "code": code}, weights, 0)
+    last_code = max(i for i, p in enumerate(order) if p.domain == "code")
+    assert exhausted_domains(order, last_code, weights) == []
+    assert exhausted_domains(order, last_code + 1, weights) == ["code"]
+    assert exhausted_domains(order, len(order), weights) == []  # the end: nothing left at all
+
+
+def test_a_leg_refuses_a_stream_that_lost_a_weighted_domain(
+    models: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past a domain's last prompt the stream holds the others alone: a leg would drift the
+    drafters to them, so it stops with one line before answering anything."""
+    cfg = replace(toy_config(models), weights={"math": 0.5, "code": 0.5})
+    monkeypatch.setattr(run_module, "stream_of", lambda cfg: list(math_prompts(50, 0)))
+    with pytest.raises(UsageError, match="no code prompts left from prompt 0") as caught:
+        run_leg(cfg, tmp_path / "work", hours=1.0, shards=1)
+    assert "\n" not in str(caught.value)
+    assert not (models / SUMMARY_FILE).exists()
 
 
 def test_a_signal_ends_the_leg_with_a_checkpoint_that_the_next_resumes(

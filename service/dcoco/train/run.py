@@ -31,6 +31,7 @@ import torch
 from dcoco.checkpoint import load_drafter, load_target, save_drafter
 from dcoco.model.causal_lm import CausalLM
 from dcoco.paths import REPO_ROOT
+from dcoco.shared.errors import UsageError
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.tokenizer import Tokenizer
 from dcoco.train.data import Continuations
@@ -51,7 +52,7 @@ from dcoco.train.run_data import (
     shard_file,
     write_shard,
 )
-from dcoco.train.run_prompts import stream_of
+from dcoco.train.run_prompts import exhausted_domains, stream_of
 from dcoco.train.run_sources import Source, Sources
 from dcoco.train.run_state import fingerprint, load_state, read_summary, save_state, write_summary
 
@@ -166,6 +167,14 @@ def run_leg(
         flush=True,
     )
     prompts = stream_of(cfg)
+    gone = exhausted_domains(prompts, position.next_prompt, cfg.weights)
+    if gone:
+        raise UsageError(
+            f"the run's prompt stream has no {' or '.join(gone)} prompts left from prompt "
+            f"{position.next_prompt:,} of {len(prompts):,}: a leg would answer the other "
+            f"domains alone, against the weights {cfg.weights}, and the drafters would drift "
+            "to them (docs/smollm2-model.md, leg 23); the stream needs more prompts first"
+        )
     sources = Sources(
         REPO_ROOT / cfg.target_path,
         tokenizer,

@@ -169,6 +169,14 @@ def run_prompts(
     return interleave(domains, weights, seed)
 
 
+def exhausted_domains(prompts: list[RunPrompt], start: int, weights: dict[str, float]) -> list[str]:
+    """The weighted domains with no prompt left in the stream from index `start` on, where
+    some other domain still has prompts: from there `interleave` gives the others alone."""
+    left = {p.domain for p in prompts[start:]}
+    gone = sorted(name for name, weight in weights.items() if weight > 0 and name not in left)
+    return gone if left else []
+
+
 def stream_of(cfg: RunConfig) -> list[RunPrompt]:
     """`run_prompts` with a run's settings: the prompts its legs answer, in order."""
     return run_prompts(
