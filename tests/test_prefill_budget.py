@@ -7,6 +7,7 @@ from dcoco.engine.prefill import (
     GROUP_TOKENS,
     MAX_PADDING,
     MIN_CHUNK,
+    MIN_PADDING,
     ChunkPlacement,
     PrefillBudget,
     length_groups,
@@ -135,7 +136,7 @@ def test_whole_prompts_go_in_forwards_of_like_length() -> None:
     assert groups == [[5, 1, 3], [6], [2, 4, 0]]  # longest first; 200 would pad either neighbour
     for group in groups:
         padded = max(widths[row] for row in group) * len(group)
-        assert padded - sum(widths[row] for row in group) <= MAX_PADDING * padded
+        assert padded - sum(widths[row] for row in group) <= max(MAX_PADDING * padded, MIN_PADDING)
     everything = max(widths) * len(widths)  # one forward, padded to the longest
     assert sum(max(widths[r] for r in g) * len(g) for g in groups) < 0.55 * everything
 
@@ -144,3 +145,9 @@ def test_a_forward_of_whole_prompts_holds_at_most_group_tokens_unless_one_prompt
     assert length_groups([GROUP_TOKENS // 4] * 6) == [[0, 1, 2, 3], [4, 5]]
     assert length_groups([GROUP_TOKENS * 2, 7]) == [[0], [1]]
     assert length_groups([]) == []
+
+
+def test_short_prompts_share_a_forward_whatever_their_padding_s_share() -> None:
+    """A few dozen padded tokens cost less than a forward of their own."""
+    assert length_groups([8, 4, 1]) == [[0, 1, 2]]  # 11 of 24 tokens padding
+    assert length_groups([8 + MIN_PADDING, 1]) == [[0], [1]]

@@ -23,6 +23,9 @@ RATE = 0.2  # weight of each new measurement in a running mean
 EXPLORE_EVERY = 8  # chunks: one in this many runs the way `ChunkPlacement` did not choose
 GROUP_TOKENS = 8_192  # padded tokens a forward of whole prompts holds at most (one prompt more)
 MAX_PADDING = 0.125  # of a forward's padded tokens, where whole prompts share it
+# Padding a forward of whole prompts may always hold: a few dozen tokens cost about what a
+# forward of their own would in fixed work (every weight read, every layer's overhead).
+MIN_PADDING = 32
 
 
 @dataclass
@@ -109,7 +112,8 @@ class ChunkPlacement:
 def length_groups(widths: list[int]) -> list[list[int]]:
     """Rows of prompts prefilled whole (`widths` tokens each) in forwards of their own, each
     padded to its longest: longest first, the next shorter joining the current forward while
-    it stays within GROUP_TOKENS padded tokens and MAX_PADDING of them padding. All in one
+    it stays within GROUP_TOKENS padded tokens and MAX_PADDING of them padding (or
+    MIN_PADDING tokens, where that is more). All in one
     forward, short prompts were padded to the longest: the long run's distiller refills a
     hundred rows at once, with prompts of 20 to 512 tokens."""
     groups: list[list[int]] = []
@@ -117,7 +121,8 @@ def length_groups(widths: list[int]) -> list[list[int]]:
         group = groups[-1] if groups else []
         padded = widths[group[0]] * (len(group) + 1) if group else 0
         real = sum(widths[r] for r in group) + widths[row]
-        if group and padded <= GROUP_TOKENS and padded - real <= MAX_PADDING * padded:
+        allowed = max(MAX_PADDING * padded, MIN_PADDING)
+        if group and padded <= GROUP_TOKENS and padded - real <= allowed:
             group.append(row)
         else:
             groups.append([row])
