@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 from dataclasses import replace
+from itertools import islice
 from pathlib import Path
 
 import pytest
@@ -17,17 +18,20 @@ from dcoco.paths import DEFAULT_HELDOUT, TINY_MODELS, TINY_TARGET
 from dcoco.shared.errors import UsageError
 from dcoco.suites import load_suite
 from dcoco.train import run as run_module
+from dcoco.train.corpus_code import package_files
 from dcoco.train.data import Continuations, Labels
 from dcoco.train.run import run_leg, schedule
-from dcoco.train.run_config import RunConfig
+from dcoco.train.run_config import RunConfig, StreamGrowth
 from dcoco.train.run_data import shard_file
 from dcoco.train.run_prompts import (
     Exclusions,
+    code_prompts,
     exhausted_domains,
     interleave,
     math_prompts,
     normalise,
     run_prompts,
+    stream_of,
 )
 from dcoco.train.run_state import STATE_FILE, SUMMARY_FILE
 
@@ -42,6 +46,7 @@ def toy_config(models: Path) -> RunConfig:
         models_path=str(models),
         weights={"math": 1.0},
         math_problems=300,
+        grown=None,
         batch_size=8,
         max_prompt_tokens=128,
         max_new_tokens=12,
@@ -222,15 +227,48 @@ def test_evaluated_prompts_are_excluded_by_text_and_opening() -> None:
     assert normalise(" A\n b ") == "a b"
 
 
+def math_config(problems: int, grown: StreamGrowth | None = None) -> RunConfig:
+    return replace(
+        RunConfig(),
+        models_path=str(TINY_MODELS),
+        weights={"math": 1.0},
+        math_problems=problems,
+        test_percent=10.0,
+        grown=grown,
+    )
+
+
 def test_no_training_prompt_is_an_evaluated_one() -> None:
     heldout = TINY_MODELS / "heldout"
-    prompts = run_prompts(Path("unused"), heldout, {"math": 1.0}, 2000, 2400, 10.0, 0)
+    prompts = run_prompts(math_config(2000), 2000, (), Path("unused"))["math"]
     held = {
         normalise(json.loads(line)["prompt"])
         for line in (heldout / "math.jsonl").read_text().splitlines()
     }
     assert held
     assert not held & {normalise(p.messages[-1]["content"]) for p in prompts}
+
+
+def test_a_grown_stream_keeps_the_answered_head_then_gives_every_other_prompt_once() -> None:
+    before = stream_of(math_config(300), Path("unused"))
+    grown = stream_of(math_config(2000, StreamGrowth(50, 300, ())), Path("unused"))
+    everything = stream_of(math_config(2000), Path("unused"))
+    assert grown[:50] == before[:50]
+    assert grown[50:] != everything[50:]
+    seen = [normalise(p.messages[-1]["content"]) for p in grown]
+    assert len(seen) == len(set(seen)) == len(everything)  # nothing twice, nothing lost
+    assert set(seen[50:]) > {normalise(p.messages[-1]["content"]) for p in before[50:]}
+
+
+def test_code_prompts_go_on_from_the_standard_library_into_the_named_packages() -> None:
+    stdlib = list(islice(code_prompts((), 2400, 0), 50))
+    extended = list(islice(code_prompts(("gguf",), 2400, 0), 50))
+    assert stdlib == extended  # the standard library's come first, unchanged
+    files = package_files(("gguf",))
+    assert files
+    assert all("gguf" in path.parts for path in files)
+    keys = {p.key for p in code_prompts(("gguf",), 2400, 0)}
+    assert any(key.startswith("gguf.") for key in keys)
 
 
 def test_interleaving_keeps_every_prefix_near_the_weights() -> None:

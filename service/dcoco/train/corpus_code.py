@@ -25,10 +25,21 @@ MIN_PROSE_CHARS = 120  # shorter docstrings are one-line summaries, not prose
 def stdlib_files(root: Path | None = None) -> list[Path]:
     """The standard library's .py files, test suites and GUI demos left out, in sorted order."""
     base = root or Path(sysconfig.get_paths()["stdlib"])
+    return _sources(base, base)
+
+
+def package_files(names: tuple[str, ...], root: Path | None = None) -> list[Path]:
+    """The .py files of the installed packages `names` (import names, in that order), picked as
+    `stdlib_files` picks them; their module names are relative to `root`, the site-packages."""
+    base = root or Path(sysconfig.get_paths()["purelib"])
+    return [path for name in names for path in _sources(base / name, base)]
+
+
+def _sources(folder: Path, root: Path) -> list[Path]:
     return [
         path
-        for path in sorted(base.rglob("*.py"))
-        if not SKIP_DIRS & set(path.relative_to(base).parts[:-1])
+        for path in sorted(folder.rglob("*.py"))
+        if not SKIP_DIRS & set(path.relative_to(root).parts[:-1])
         and not path.name.startswith("test_")
     ]
 

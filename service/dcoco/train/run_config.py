@@ -12,6 +12,20 @@ from typing import Any
 from dcoco.train.config import SMOLLM2, CorrectorTrainConfig, DrafterTrainConfig
 from dcoco.train.data import Labels
 
+# Installed packages whose functions extend the code prompts beyond the standard library, each
+# pinned in pyproject.toml, so that every machine that runs `make setup` reads the same files.
+CODE_PACKAGES = ("torch", "mypy", "mypyc", "schemathesis", "selenium", "locust", "gguf")
+
+
+@dataclass(frozen=True)
+class StreamGrowth:
+    """The prompt stream before it grew: the grown stream keeps that stream's first `at`
+    prompts (those its legs answered), and interleaves every other prompt after them."""
+
+    at: int
+    math_problems: int
+    code_packages: tuple[str, ...]
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -25,7 +39,12 @@ class RunConfig:
     weights: dict[str, float] = field(
         default_factory=lambda: {"prose": 0.5, "code": 0.25, "math": 0.25}
     )
-    math_problems: int = 30_000  # about 18k distinct after deduplication
+    math_problems: int = 120_000  # 64k distinct after deduplication
+    code_packages: tuple[str, ...] = CODE_PACKAGES  # after the standard library's functions
+    # Legs 1-23 ran on a stream of 30,000 math draws and the standard library alone, which
+    # ran out of code at prompt 44,749 and of math at 66,893 (docs/smollm2-model.md, leg 23);
+    # it grew where leg 21 began.
+    grown: StreamGrowth | None = StreamGrowth(at=70_352, math_problems=30_000, code_packages=())
     max_chars: int = 2_400  # code requests, as the corpus stage builds them
     test_percent: float = 3.0  # the corpus stage's held-out share: the same split
     # Generation: the target's own greedy answers in the precision it serves in, with its

@@ -3,7 +3,8 @@
 Three domains, interleaved by weight in a fixed order (a domain that runs out leaves the others):
 - prose: every human turn of the ShareGPT conversations, after the turns before it (the
   recorded answers stand in for the target's own in the history);
-- code: requests built from functions of Python's standard library, as the corpus stage builds;
+- code: requests built from functions of Python's standard library, as the corpus stage builds,
+  then from those of a few pinned installed packages (`RunConfig.code_packages`);
 - math: the seeded word-problem generator.
 
 Each prompt keeps the text's own answer (the recorded reply, the function's source, the
@@ -33,7 +34,7 @@ from dcoco.train.corpus_chat import (
     conversations,
     sharegpt_file,
 )
-from dcoco.train.corpus_code import records_from_file, stdlib_files
+from dcoco.train.corpus_code import package_files, records_from_file, stdlib_files
 from dcoco.train.corpus_math import math_records
 from dcoco.train.run_config import RunConfig
 
@@ -104,10 +105,13 @@ def prose_prompts(path: Path) -> Iterator[RunPrompt]:
                 yield RunPrompt("prose", key, tuple(history[: at + 1]), answer)
 
 
-def code_prompts(max_chars: int, seed: int) -> Iterator[RunPrompt]:
-    root = Path(sysconfig.get_paths()["stdlib"])
+def code_prompts(packages: tuple[str, ...], max_chars: int, seed: int) -> Iterator[RunPrompt]:
+    """The standard library's functions, then those of the installed `packages`."""
+    stdlib, purelib = (Path(sysconfig.get_paths()[name]) for name in ("stdlib", "purelib"))
+    files = [(path, stdlib) for path in stdlib_files(stdlib)]
+    files += [(path, purelib) for path in package_files(packages, purelib)]
     rng = random.Random(seed)
-    for path in stdlib_files(root):
+    for path, root in files:
         for record in records_from_file(path, root, max_chars, rng):
             if record.domain == "code":
                 messages = ({"role": "user", "content": record.user},)
@@ -141,32 +145,26 @@ def interleave(
 
 
 def run_prompts(
-    sharegpt: Path,
-    heldout: Path,
-    weights: dict[str, float],
-    math_problems: int,
-    max_chars: int,
-    test_percent: float,
-    seed: int,
-) -> list[RunPrompt]:
-    """The run's whole prompt stream, in order; the same for the same arguments."""
-    excluded = Exclusions.of(evaluated_prompts(heldout))
+    cfg: RunConfig, math_problems: int, code_packages: tuple[str, ...], sharegpt: Path
+) -> dict[str, list[RunPrompt]]:
+    """Each weighted domain's usable prompts, in their sources' order; the same for the same
+    arguments. Held-out and evaluated prompts are left out (module docstring)."""
+    excluded = Exclusions.of(evaluated_prompts(REPO_ROOT / cfg.models_path / "heldout"))
     sources = {
         "prose": prose_prompts(sharegpt),
-        "code": code_prompts(max_chars, seed),
-        "math": math_prompts(math_problems, seed),
+        "code": code_prompts(code_packages, cfg.max_chars, cfg.seed),
+        "math": math_prompts(math_problems, cfg.seed),
     }
-    domains = {
+    return {
         name: [
             p
             for p in found
-            if not is_held_out(p.key, test_percent, seed)
+            if not is_held_out(p.key, cfg.test_percent, cfg.seed)
             and not excluded.excludes(p.messages[-1]["content"])
         ]
         for name, found in sources.items()
-        if weights.get(name, 0.0) > 0
+        if cfg.weights.get(name, 0.0) > 0
     }
-    return interleave(domains, weights, seed)
 
 
 def exhausted_domains(prompts: list[RunPrompt], start: int, weights: dict[str, float]) -> list[str]:
@@ -177,14 +175,23 @@ def exhausted_domains(prompts: list[RunPrompt], start: int, weights: dict[str, f
     return gone if left else []
 
 
-def stream_of(cfg: RunConfig) -> list[RunPrompt]:
-    """`run_prompts` with a run's settings: the prompts its legs answer, in order."""
-    return run_prompts(
-        sharegpt_file(),
-        REPO_ROOT / cfg.models_path / "heldout",
-        cfg.weights,
-        cfg.math_problems,
-        cfg.max_chars,
-        cfg.test_percent,
-        cfg.seed,
-    )
+def stream_of(cfg: RunConfig, sharegpt: Path | None = None) -> list[RunPrompt]:
+    """The prompts a run's legs answer, in order. Where the stream grew (`cfg.grown`), the
+    earlier stream's first prompts come first, then every prompt not among them."""
+    chats = sharegpt or sharegpt_file()
+    domains = run_prompts(cfg, cfg.math_problems, cfg.code_packages, chats)
+    if cfg.grown is None:
+        return interleave(domains, cfg.weights, cfg.seed)
+    grown = cfg.grown
+    before = run_prompts(cfg, grown.math_problems, grown.code_packages, chats)
+    head = interleave(before, cfg.weights, cfg.seed)[: grown.at]
+    answered = {_conversation(p) for p in head}
+    rest = {
+        name: [p for p in found if _conversation(p) not in answered]
+        for name, found in domains.items()
+    }
+    return head + interleave(rest, cfg.weights, cfg.seed)
+
+
+def _conversation(prompt: RunPrompt) -> tuple[tuple[str, str], ...]:
+    return tuple((m["role"], m["content"]) for m in prompt.messages)
