@@ -478,3 +478,18 @@ def test_a_dearer_way_whose_part_falls_under_the_minimum_chunk_is_not_explored(
     eng.add_request("p1", [i % 14 for i in range(30)], SamplingParams(max_tokens=2))
     eng.step()
     assert taken[-1] == [8]
+
+
+@pytest.mark.parametrize("mode", [Mode.VANILLA, Mode.DCOCO])
+def test_rows_reading_their_own_context_decode_as_the_target(pair: Pair, mode: Mode) -> None:
+    """With `own_rows`, each decoding row's attention reads its own keys in blocks of 128
+    (`model/flex.py`): a 150-token prompt spans two blocks while the short ones read one,
+    and a long prompt joining in chunks shares the streams' forward."""
+    target, drafter = pair
+    config = EngineConfig(mode=mode, max_batch_size=4, max_model_len=300, own_rows=True)
+    runner_engine = Engine(target, drafter, config)
+    assert runner_engine.runner.own_rows
+    prompts = [[1, 2, 3], [5, 4] * 75, [7, 1], [2] * 13, [9, 3] * 90]
+    completions, _ = runner_engine.generate(prompts, SamplingParams(max_tokens=30))
+    for completion, prompt in zip(completions, prompts, strict=True):
+        assert completion.token_ids == greedy_reference(target, prompt, 30)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import torch
 
 from dcoco.engine.scheduler import Move
-from dcoco.model.layers import KVSource
+from dcoco.model import flex
+from dcoco.model.layers import AttentionMask, KVSource
 from dcoco.shared.errors import UsageError
 
 
@@ -28,19 +29,29 @@ class CacheView:
     slots: torch.Tensor  # [N] KV slot of each row
     span: slice | None  # the same slots as a slice, when they are consecutive
     positions: torch.Tensor  # [N, T] absolute position of each token (scratch for padding)
-    mask: torch.Tensor  # [N, 1, T, L] bool, key j visible to query t
+    mask: AttentionMask  # [N, 1, T, L] bool, key j visible to query t; or a block mask
     length: int  # L, keys read per row
 
     @classmethod
     def build(
-        cls, slots: list[int], positions: torch.Tensor, limits: torch.Tensor, length: int
+        cls,
+        slots: list[int],
+        positions: torch.Tensor,
+        limits: torch.Tensor,
+        length: int,
+        own_rows: bool = False,
     ) -> "CacheView":
-        """limits [N, T]: the last key position each query may see, all below `length`."""
-        keys = torch.arange(length)  # [L]
-        mask = (keys.view(1, 1, length) <= limits.unsqueeze(-1)).unsqueeze(1)  # [N, 1, T, L]
+        """limits [N, T]: the last key position each query may see, all below `length`. With
+        `own_rows`, each row's attention reads only its own keys (`model/flex.py`); the view
+        then spans whole blocks of keys, which the cache's capacity must hold."""
         first = slots[0]
         consecutive = slots == list(range(first, first + len(slots)))
         span = slice(first, first + len(slots)) if consecutive else None
+        if own_rows:
+            length = flex.padded_length(length)
+            return cls(torch.tensor(slots), span, positions, flex.row_mask(limits, length), length)
+        keys = torch.arange(length)  # [L]
+        mask = (keys.view(1, 1, length) <= limits.unsqueeze(-1)).unsqueeze(1)  # [N, 1, T, L]
         return cls(torch.tensor(slots), span, positions, mask, length)
 
 

@@ -15,6 +15,7 @@ from dcoco.engine.kv_cache import CacheView, KVCache
 from dcoco.engine.scheduler import Move
 from dcoco.engine.sequence import Sequence
 from dcoco.engine.stalls import StallGuard
+from dcoco.model import flex
 from dcoco.model.causal_lm import Batch, CausalLM
 from dcoco.model.layers import LayerCall, set_attention_upcast
 from dcoco.model.packed import pack_linears
@@ -65,6 +66,10 @@ class ModelRunner:
         # same pass, which is cheaper than gathering fp32: their caches stay bf16.
         compiles = cfg.compile and cfg.precision is not Precision.FP32
         cache_dtype = torch.float32 if upcast and not compiles else dtype
+        # Decoding rows read their own contexts (`EngineConfig.own_rows`) in whole blocks.
+        self.own_rows = cfg.own_rows and not compiles and cache_dtype == torch.float32
+        if self.own_rows:
+            capacity = flex.padded_length(capacity)
         self.target_cache = KVCache(
             t.num_hidden_layers,
             cfg.max_batch_size + 1,  # a spare slot for swaps (`Scheduler`)
@@ -178,7 +183,8 @@ class ModelRunner:
         ids = torch.tensor([[s.last_token] for s in seqs])  # [N, 1]
         positions = torch.tensor([[s.num_cached] for s in seqs])  # [N, 1]
         length = max(s.num_cached for s in seqs) + 1
-        return ids, CacheView.build([s.slot for s in seqs], positions, positions, length)
+        slots = [s.slot for s in seqs]
+        return ids, CacheView.build(slots, positions, positions, length, self.own_rows)
 
     def _chunk_inputs(
         self, seqs: list[Sequence], chunks: list[int]

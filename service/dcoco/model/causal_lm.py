@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from dcoco.model.layers import (
+    AttentionMask,
     DecoderLayer,
     KVSource,
     LayerCall,
@@ -24,7 +25,7 @@ class Batch:
     ids: torch.Tensor
     positions: torch.Tensor
     kv: KVSource | None
-    mask: torch.Tensor | None
+    mask: AttentionMask | None
 
 
 class Backbone(nn.Module):
@@ -58,7 +59,7 @@ class CausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv: KVSource | None = None,
-        mask: torch.Tensor | None = None,
+        mask: AttentionMask | None = None,
         feature_layers: tuple[int, ...] = (),
         call: LayerCall | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -15,10 +15,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask
+
+from dcoco.model import flex
 
 # (layer index, new keys [N, Hkv, T, D], new values [N, Hkv, T, D]) -> all keys and values to
 # attend to, [N, Hkv, L, D] each. The engine's KV cache writes then reads; training concatenates.
 KVSource = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# Which keys each query sees: a bool tensor [N, 1, T, L], or a block mask (`model/flex.py`).
+AttentionMask = torch.Tensor | BlockMask
 
 
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}  # by model_type
@@ -175,7 +180,7 @@ class Rows:
     cos: torch.Tensor
     sin: torch.Tensor
     kv: KVSource | None
-    mask: torch.Tensor | None
+    mask: AttentionMask | None
 
 
 # Masked bf16 attention over fewer queries than this may run in fp32 (`Attention._attend`).
@@ -229,7 +234,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv: KVSource | None,
-        mask: torch.Tensor | None,
+        mask: AttentionMask | None,
     ) -> torch.Tensor:
         """x [N, T, hidden] -> [N, T, hidden]. Without a KV source, plain causal self-attention."""
         q, k, v = self._project(x)  # [N, T, Hq*D], [N, T, Hkv*D] x2
@@ -270,7 +275,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv: KVSource | None,
-        mask: torch.Tensor | None,
+        mask: AttentionMask | None,
     ) -> torch.Tensor:
         """Projected q [N, T, Hq*D], k and v [N, T, Hkv*D] -> attention output [N, T, Hq*D].
 
@@ -288,6 +293,9 @@ class Attention(nn.Module):
         k, v = self._rotate_kv(k, v, cos, sin)  # [N, Hkv, T, D] each
         if kv is not None:
             k, v = kv(self.layer_idx, k, v)  # [N, Hkv, L, D] each
+        if isinstance(mask, BlockMask):  # each row reads its own context (`model/flex.py`)
+            out = flex.attend(q.to(k.dtype), k, v, mask).to(q.dtype)  # [N, Hq, T, D]
+            return out.transpose(1, 2).reshape(n, t, self.heads * self.head_dim)  # [N, T, Hq*D]
         upcast = self.upcast and mask is not None and q.dtype == torch.bfloat16
         work = torch.float32 if upcast and t < UPCAST_BELOW else q.dtype
         out = F.scaled_dot_product_attention(
@@ -374,7 +382,7 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv: KVSource | None,
-        mask: torch.Tensor | None,
+        mask: AttentionMask | None,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, mask)  # [N, T, hidden]
         return x + self.mlp(self.post_attention_layernorm(x))  # [N, T, hidden]

@@ -42,6 +42,10 @@ class EngineConfig:
     # Run the target's decoder layers compiled by inductor once they are compiled, on a
     # background thread; eager until then (engine/compiled.py). Never in fp32, the exact mode.
     compile: bool = False
+    # Eager engines with fp32 caches: each decoding row's plain step reads its own
+    # context, not every row's up to the longest (`model/flex.py`). For many rows of mixed
+    # lengths (the long run's distiller); measured on one CPU only, so off by default.
+    own_rows: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
