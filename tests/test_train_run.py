@@ -26,11 +26,12 @@ from dcoco.train.run_data import shard_file
 from dcoco.train.run_prompts import (
     Exclusions,
     code_prompts,
+    digest,
+    domain_prompts,
     exhausted_domains,
     interleave,
     math_prompts,
     normalise,
-    run_prompts,
     stream_of,
 )
 from dcoco.train.run_state import STATE_FILE, SUMMARY_FILE
@@ -95,6 +96,7 @@ def test_a_leg_trains_exports_and_the_next_resumes(models: Path, tmp_path: Path)
     assert [leg["leg"] for leg in summary["legs"]] == [1]
 
     second = run_leg(cfg, work, hours=1.0, shards=2)  # the local checkpoint
+    assert second["stream"] == first["stream"]  # the same prompts at the same positions
     assert (second["leg"], second["from_step"], second["from_shard"]) == (2, first["to_step"], 4)
     assert set(second["sources"]) == {"distilled"}
     assert second["to_step"] > first["to_step"]  # shard 4 pays for steps, shard 5 does not
@@ -240,7 +242,7 @@ def math_config(problems: int, grown: StreamGrowth | None = None) -> RunConfig:
 
 def test_no_training_prompt_is_an_evaluated_one() -> None:
     heldout = TINY_MODELS / "heldout"
-    prompts = run_prompts(math_config(2000), 2000, (), Path("unused"))["math"]
+    prompts = domain_prompts(math_config(2000), 2000, (), Path("unused"))["math"]
     held = {
         normalise(json.loads(line)["prompt"])
         for line in (heldout / "math.jsonl").read_text().splitlines()
@@ -254,6 +256,7 @@ def test_a_grown_stream_keeps_the_answered_head_then_gives_every_other_prompt_on
     grown = stream_of(math_config(2000, StreamGrowth(50, 300, ())), Path("unused"))
     everything = stream_of(math_config(2000), Path("unused"))
     assert grown[:50] == before[:50]
+    assert digest(grown) == digest(list(grown)) != digest(everything)
     assert grown[50:] != everything[50:]
     seen = [normalise(p.messages[-1]["content"]) for p in grown]
     assert len(seen) == len(set(seen)) == len(everything)  # nothing twice, nothing lost

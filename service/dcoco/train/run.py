@@ -52,7 +52,7 @@ from dcoco.train.run_data import (
     shard_file,
     write_shard,
 )
-from dcoco.train.run_prompts import exhausted_domains, stream_of
+from dcoco.train.run_prompts import digest, exhausted_domains, stream_of
 from dcoco.train.run_sources import Source, Sources
 from dcoco.train.run_state import fingerprint, load_state, read_summary, save_state, write_summary
 
@@ -190,7 +190,15 @@ def run_leg(
         "from_step": trainer.step,
         "from_shard": position.shards,
         "from_tokens": position.label_tokens,
+        "stream": {"prompts": len(prompts), "digest": digest(prompts)},
     }
+    before = next((leg["stream"] for leg in reversed(legs) if "stream" in leg), None)
+    if before is not None and before != record["stream"]:
+        print(
+            f"[run] warning: this machine's prompt stream ({record['stream']}) differs from the "
+            f"last leg's ({before}): its positions name other prompts from here on",
+            flush=True,
+        )
     for path in adopted:
         layers = drafter.config.target_layer_ids
         answered = adopt(path, work, position, prompts, tokenizer, cfg, layers)

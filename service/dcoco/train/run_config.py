@@ -33,9 +33,9 @@ class RunConfig:
     threads: int = 2  # the machine's cores
     target_path: str = "models/smollm2/target"
     models_path: str = "models/smollm2"  # where the drafters start from and are exported to
-    # The prompt stream (`run_prompts`): chat turns matter most for MT-Bench-like use, code and
-    # math are where speculation pays; the split and seed are the corpus stage's, so the shipped
-    # held-out files stay held out.
+    # The prompt stream (`run_prompts.stream_of`): chat turns matter most for MT-Bench-like
+    # use, code and math are where speculation pays; the split and seed are the corpus
+    # stage's, so the shipped held-out files stay held out.
     weights: dict[str, float] = field(
         default_factory=lambda: {"prose": 0.5, "code": 0.25, "math": 0.25}
     )

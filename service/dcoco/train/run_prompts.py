@@ -17,6 +17,7 @@ out, and so is any prompt whose text, normalised, equals or starts like a prompt
 files or of the packaged evaluation suites (HumanEval, GSM8K, MT-Bench, AIME, GPQA).
 """
 
+import hashlib
 import random
 import re
 import sysconfig
@@ -144,7 +145,7 @@ def interleave(
     return order
 
 
-def run_prompts(
+def domain_prompts(
     cfg: RunConfig, math_problems: int, code_packages: tuple[str, ...], sharegpt: Path
 ) -> dict[str, list[RunPrompt]]:
     """Each weighted domain's usable prompts, in their sources' order; the same for the same
@@ -179,11 +180,11 @@ def stream_of(cfg: RunConfig, sharegpt: Path | None = None) -> list[RunPrompt]:
     """The prompts a run's legs answer, in order. Where the stream grew (`cfg.grown`), the
     earlier stream's first prompts come first, then every prompt not among them."""
     chats = sharegpt or sharegpt_file()
-    domains = run_prompts(cfg, cfg.math_problems, cfg.code_packages, chats)
+    domains = domain_prompts(cfg, cfg.math_problems, cfg.code_packages, chats)
     if cfg.grown is None:
         return interleave(domains, cfg.weights, cfg.seed)
     grown = cfg.grown
-    before = run_prompts(cfg, grown.math_problems, grown.code_packages, chats)
+    before = domain_prompts(cfg, grown.math_problems, grown.code_packages, chats)
     head = interleave(before, cfg.weights, cfg.seed)[: grown.at]
     answered = {_conversation(p) for p in head}
     rest = {
@@ -191,6 +192,15 @@ def stream_of(cfg: RunConfig, sharegpt: Path | None = None) -> list[RunPrompt]:
         for name, found in domains.items()
     }
     return head + interleave(rest, cfg.weights, cfg.seed)
+
+
+def digest(prompts: list[RunPrompt]) -> str:
+    """A fingerprint of the stream's prompts in order: the same on every machine whose
+    packaged texts and pinned packages agree (a leg records it, `run.leg_record`)."""
+    text = hashlib.sha256()
+    for prompt in prompts:
+        text.update(repr((prompt.domain, _conversation(prompt))).encode())
+    return text.hexdigest()[:16]
 
 
 def _conversation(prompt: RunPrompt) -> tuple[tuple[str, str], ...]:
