@@ -29,29 +29,19 @@ class CacheView:
     slots: torch.Tensor  # [N] KV slot of each row
     span: slice | None  # the same slots as a slice, when they are consecutive
     positions: torch.Tensor  # [N, T] absolute position of each token (scratch for padding)
-    mask: AttentionMask  # [N, 1, T, L] bool, key j visible to query t; or a block mask
+    mask: AttentionMask  # [N, 1, T, L] bool, key j visible to query t; or a row mask
     length: int  # L, keys read per row
 
     @classmethod
     def build(
-        cls,
-        slots: list[int],
-        positions: torch.Tensor,
-        limits: torch.Tensor,
-        length: int,
-        own_rows: bool = False,
+        cls, slots: list[int], positions: torch.Tensor, limits: torch.Tensor, length: int
     ) -> "CacheView":
-        """limits [N, T]: the last key position each query may see, all below `length`. With
-        `own_rows`, each row's attention reads only its own keys (`model/flex.py`); the view
-        then spans whole blocks of keys, which the cache's capacity must hold."""
+        """limits [N, T]: the last key position each query may see, all below `length`."""
+        keys = torch.arange(length)  # [L]
+        mask = (keys.view(1, 1, length) <= limits.unsqueeze(-1)).unsqueeze(1)  # [N, 1, T, L]
         first = slots[0]
         consecutive = slots == list(range(first, first + len(slots)))
         span = slice(first, first + len(slots)) if consecutive else None
-        if own_rows:
-            length = flex.padded_length(length)
-            return cls(torch.tensor(slots), span, positions, flex.row_mask(limits, length), length)
-        keys = torch.arange(length)  # [L]
-        mask = (keys.view(1, 1, length) <= limits.unsqueeze(-1)).unsqueeze(1)  # [N, 1, T, L]
         return cls(torch.tensor(slots), span, positions, mask, length)
 
 
@@ -97,8 +87,19 @@ class KVCache:
         self.k[layer][rows, :, view.positions] = k.transpose(1, 2).to(dtype)  # [N, T, Hkv, D]
         self.v[layer][rows, :, view.positions] = v.transpose(1, 2).to(dtype)  # [N, T, Hkv, D]
 
+    def own_rows(self, slots: list[int], positions: torch.Tensor) -> CacheView:
+        """A decoding view (positions [N, 1]) whose rows each read only their own keys
+        (`model/flex.py`): attention then reads the whole cache, [S, Hkv, C, D]."""
+        index = torch.tensor(slots)  # [N]
+        _, num_slots, _, capacity, _ = self.k.shape
+        mask = flex.row_mask(index, positions[:, 0], num_slots, capacity)
+        return CacheView(index, None, positions, mask, capacity)
+
     def read(self, layer: int, view: CacheView) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first view.length positions of view.slots: [N, Hkv, L, D] each."""
+        """The first view.length positions of view.slots: [N, Hkv, L, D] each; the whole
+        layer [S, Hkv, C, D] for a view of rows that read their own keys."""
+        if isinstance(view.mask, flex.RowMask):
+            return self.k[layer], self.v[layer]  # [S, Hkv, C, D] each, views
         if view.span is None:
             k = self.k[layer, :, :, : view.length].index_select(0, view.slots)  # [N, Hkv, L, D]
             v = self.v[layer, :, :, : view.length].index_select(0, view.slots)  # [N, Hkv, L, D]

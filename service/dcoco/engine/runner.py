@@ -182,9 +182,11 @@ class ModelRunner:
     def _decode_inputs(self, seqs: list[Sequence]) -> tuple[torch.Tensor, CacheView]:
         ids = torch.tensor([[s.last_token] for s in seqs])  # [N, 1]
         positions = torch.tensor([[s.num_cached] for s in seqs])  # [N, 1]
-        length = max(s.num_cached for s in seqs) + 1
         slots = [s.slot for s in seqs]
-        return ids, CacheView.build(slots, positions, positions, length, self.own_rows)
+        if self.own_rows:
+            return ids, self.target_cache.own_rows(slots, positions)
+        length = max(s.num_cached for s in seqs) + 1
+        return ids, CacheView.build(slots, positions, positions, length)
 
     def _chunk_inputs(
         self, seqs: list[Sequence], chunks: list[int]

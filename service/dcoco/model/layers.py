@@ -15,15 +15,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention.flex_attention import BlockMask
 
 from dcoco.model import flex
 
 # (layer index, new keys [N, Hkv, T, D], new values [N, Hkv, T, D]) -> all keys and values to
 # attend to, [N, Hkv, L, D] each. The engine's KV cache writes then reads; training concatenates.
 KVSource = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-# Which keys each query sees: a bool tensor [N, 1, T, L], or a block mask (`model/flex.py`).
-AttentionMask = torch.Tensor | BlockMask
+# Which keys each query sees: a bool tensor [N, 1, T, L], or a row mask (`model/flex.py`).
+AttentionMask = torch.Tensor | flex.RowMask
 
 
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}  # by model_type
@@ -293,7 +292,7 @@ class Attention(nn.Module):
         k, v = self._rotate_kv(k, v, cos, sin)  # [N, Hkv, T, D] each
         if kv is not None:
             k, v = kv(self.layer_idx, k, v)  # [N, Hkv, L, D] each
-        if isinstance(mask, BlockMask):  # each row reads its own context (`model/flex.py`)
+        if isinstance(mask, flex.RowMask):  # each row reads its own context (`model/flex.py`)
             out = flex.attend(q.to(k.dtype), k, v, mask).to(q.dtype)  # [N, Hq, T, D]
             return out.transpose(1, 2).reshape(n, t, self.heads * self.head_dim)  # [N, T, Hq*D]
         upcast = self.upcast and mask is not None and q.dtype == torch.bfloat16
