@@ -13,18 +13,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from dcoco.checkpoint import CheckpointError, load_drafter
-from dcoco.paths import DEFAULT_HELDOUT, TINY_MODELS, TINY_TARGET
+from dcoco.checkpoint import CheckpointError, load_drafter, load_target
+from dcoco.paths import DEFAULT_HELDOUT, SMOLLM2_MODELS, TINY_MODELS, TINY_TARGET
 from dcoco.shared.errors import UsageError
 from dcoco.suites import load_suite
+from dcoco.tokenizer import Tokenizer
 from dcoco.train import run as run_module
 from dcoco.train.corpus_code import package_files
 from dcoco.train.data import Continuations, Labels
 from dcoco.train.run import run_leg, schedule
-from dcoco.train.run_config import RunConfig, StreamGrowth
-from dcoco.train.run_data import shard_file
+from dcoco.train.run_config import Resample, RunConfig, StreamGrowth
+from dcoco.train.run_data import Distiller, Position, shard_file
 from dcoco.train.run_prompts import (
     Exclusions,
+    RunPrompt,
     code_prompts,
     digest,
     domain_prompts,
@@ -32,9 +34,10 @@ from dcoco.train.run_prompts import (
     interleave,
     math_prompts,
     normalise,
+    resampled,
     stream_of,
 )
-from dcoco.train.run_state import STATE_FILE, SUMMARY_FILE
+from dcoco.train.run_state import STATE_FILE, SUMMARY_FILE, read_summary
 
 pytestmark = pytest.mark.slow
 
@@ -209,6 +212,13 @@ def test_a_corrupt_or_foreign_state_stops_the_run(models: Path, tmp_path: Path) 
     assert "\n" not in str(caught.value)
 
 
+def test_the_committed_run_resumes_with_the_run_settings_as_they_are() -> None:
+    """A settings change that moves the fingerprint must move the committed summary too."""
+    summary = read_summary(SMOLLM2_MODELS, RunConfig())
+    assert summary is not None
+    assert summary["config"] == json.loads(json.dumps(RunConfig().to_dict()))
+
+
 def test_the_schedule_warms_up_after_each_resume_and_decays_over_the_leg() -> None:
     cfg = RunConfig()
     warm = cfg.drafter.warmup_steps
@@ -229,7 +239,9 @@ def test_evaluated_prompts_are_excluded_by_text_and_opening() -> None:
     assert normalise(" A\n b ") == "a b"
 
 
-def math_config(problems: int, grown: StreamGrowth | None = None) -> RunConfig:
+def math_config(
+    problems: int, grown: StreamGrowth | None = None, resample: Resample | None = None
+) -> RunConfig:
     return replace(
         RunConfig(),
         models_path=str(TINY_MODELS),
@@ -237,6 +249,7 @@ def math_config(problems: int, grown: StreamGrowth | None = None) -> RunConfig:
         math_problems=problems,
         test_percent=10.0,
         grown=grown,
+        resample=resample,
     )
 
 
@@ -261,6 +274,72 @@ def test_a_grown_stream_keeps_the_answered_head_then_gives_every_other_prompt_on
     seen = [normalise(p.messages[-1]["content"]) for p in grown]
     assert len(seen) == len(set(seen)) == len(everything)  # nothing twice, nothing lost
     assert set(seen[50:]) > {normalise(p.messages[-1]["content"]) for p in before[50:]}
+
+
+def asked(prompt: RunPrompt) -> str:
+    return prompt.messages[-1]["content"]
+
+
+def test_a_stream_goes_on_with_sampled_passes_over_every_prompt() -> None:
+    greedy = stream_of(math_config(300), Path("unused"))
+    passes = stream_of(math_config(300, resample=Resample(0.7, 2)), Path("unused"))
+    assert passes[: len(greedy)] == greedy  # unchanged up to where the greedy prompts end
+    rest = passes[len(greedy) :]
+    assert {p.temperature for p in greedy} == {0.0}
+    assert {p.temperature for p in rest} == {0.7}
+    first, second = rest[: len(greedy)], rest[len(greedy) :]
+    assert sorted(map(asked, first)) == sorted(map(asked, greedy))
+    assert sorted(map(asked, second)) == sorted(map(asked, greedy))
+    assert first != second  # each pass in its own order
+    assert digest(passes) != digest(greedy)
+
+    grown = stream_of(
+        math_config(2000, StreamGrowth(50, 300, ()), Resample(1.0, 1)), Path("unused")
+    )
+    sampled = {asked(p) for p in grown if p.temperature}
+    assert {asked(p) for p in grown[:50]} <= sampled  # the answered head's too
+
+
+def test_a_domain_answered_greedily_goes_on_sampled_while_the_others_keep_their_order() -> None:
+    math = list(math_prompts(400, 0))
+    code = [replace(p, domain="code", key=f"c{i}") for i, p in enumerate(math[:100])]
+    weights = {"math": 0.75, "code": 0.25}
+    greedy = interleave({"math": math, "code": code}, weights, 0)
+    again = resampled({"code": code}, Resample(1.0, 1), 0)
+    order = interleave({"math": math, "code": code}, weights, 0, again)
+    last_code = max(i for i, p in enumerate(greedy) if p.domain == "code")
+    assert order[: last_code + 1] == greedy[: last_code + 1]
+    assert exhausted_domains(order, last_code + 1, weights) == []
+    after = [p for p in order[last_code + 1 :] if p.domain == "code"]
+    assert len(after) == len(code)
+    assert {p.temperature for p in after} == {1.0}
+
+
+def test_a_sampled_prompt_is_answered_by_seeded_sampling(tmp_path: Path) -> None:
+    """The same prompt greedy and in two sampled passes: the passes answer apart from the
+    greedy answer, and a second distiller (a resumed leg) replays each exactly."""
+    cfg = replace(math_config(10), batch_size=3, max_prompt_tokens=64, max_new_tokens=12)
+    greedy = next(math_prompts(10, 0))
+    hot = replace(greedy, temperature=5.0)  # the tiny target answers its math peaked at 1.0
+    prompts = [greedy, hot, hot]
+
+    def answers() -> list[list[int]]:
+        distiller = Distiller(
+            load_target(TINY_TARGET),
+            Tokenizer.from_dir(TINY_TARGET),
+            prompts,
+            Position(),
+            cfg,
+            (1, 3),
+        )
+        while not distiller.exhausted or distiller.running:
+            distiller.step()
+        found = {index: answer.output for index, answer in distiller.finished}
+        return [found[i] for i in range(3)]
+
+    first = answers()
+    assert first == answers()
+    assert first[0] != first[1] != first[2] != first[0]
 
 
 def test_code_prompts_go_on_from_the_standard_library_into_the_named_packages() -> None:

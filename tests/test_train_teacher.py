@@ -111,6 +111,7 @@ def test_a_padded_prefill_equals_one_pass_per_sequence() -> None:
 
 
 def test_a_shard_holds_prompt_and_cut_answer_and_skips_what_cannot_train() -> None:
+    """Skipped: a prompt without an answer, one too long, and a sampled pass's repeat."""
     tokenizer = Tokenizer.from_dir(TINY_TARGET)
     cfg = replace(
         RunConfig(), shard_sequences=3, max_prompt_tokens=64, max_new_tokens=8, precision="fp32"
@@ -123,13 +124,14 @@ def test_a_shard_holds_prompt_and_cut_answer_and_skips_what_cannot_train() -> No
         RunPrompt("math", "d", ({"role": "user", "content": "Count."},), "one two " * 20),
         RunPrompt("math", "e", ({"role": "user", "content": "And 3 + 3?"},), "It is 6."),
     ]
+    prompts.append(replace(prompts[0], temperature=1.0))  # a sampled pass: its text was read
     prefiller = Prefiller(
         load_target(TINY_TARGET), tokenizer, prompts, 0, cfg, (1, 3), argmax=False
     )
     while (taken := prefiller.take_shard()) is None:
         prefiller.step()
     shard, skipped = taken
-    assert (len(shard), skipped, prefiller.cursor) == (3, 2, 5)
+    assert (len(shard), skipped, prefiller.cursor) == (3, 3, 6)
     assert prefiller.exhausted
     assert shard.predicted is None
     assert shard.teacher_forced

@@ -28,6 +28,17 @@ class StreamGrowth:
 
 
 @dataclass(frozen=True)
+class Resample:
+    """Once a domain's prompts have all been answered greedily, the stream goes on with the
+    same prompts again, `passes` times, each pass in a fresh order and answered by sampling
+    at `temperature` (each request seeded by its stream index): the target's own answers
+    still, new sequences for the drafter, and those sampled decoding verifies."""
+
+    temperature: float = 1.0
+    passes: int = 2
+
+
+@dataclass(frozen=True)
 class RunConfig:
     seed: int = 0
     threads: int = 2  # the machine's cores
@@ -45,6 +56,9 @@ class RunConfig:
     # ran out of code at prompt 44,749 and of math at 66,893 (docs/smollm2-model.md, leg 23);
     # it grew where leg 21 began.
     grown: StreamGrowth | None = StreamGrowth(at=70_352, math_problems=30_000, code_packages=())
+    # The packaged ShareGPT file holds 17,671 conversations, 54,919 usable turns: prose ran
+    # out first, at prompt 93,323 of the greedy stream. The stream is unchanged up to there.
+    resample: Resample | None = Resample()
     max_chars: int = 2_400  # code requests, as the corpus stage builds them
     test_percent: float = 3.0  # the corpus stage's held-out share: the same split
     # Generation: the target's own greedy answers in the precision it serves in, with its

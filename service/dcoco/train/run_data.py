@@ -1,4 +1,4 @@
-"""The long run's data: the target's greedy answers, generated as training goes, in shards.
+"""The long run's data: the target's own answers, generated as training goes, in shards.
 
 A `Distiller` keeps one engine batch full of prompts from the run's stream and hands back each
 finished answer with the target's features (a `Prefiller`, `run_teacher`, makes teacher-forced
@@ -7,7 +7,7 @@ file, read back memory-mapped. The data position (`Position`) is plain numbers a
 indices, so that it can be checkpointed and committed.
 """
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ class Position:
     label_tokens: int = 0  # answer tokens in written shards, from either source
     teacher_tokens: int = 0  # of those, in teacher-forced shards
     corrector_tokens: int = 0  # of those, in shards kept for the correctors
-    skipped: int = 0  # prompts too long, or (teacher forcing) without an answer
+    skipped: int = 0  # prompts too long, or (teacher forcing) without an answer or sampled
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,7 +49,8 @@ def for_corrector(shard: int, cfg: RunConfig) -> bool:
 
 
 class Distiller:
-    """Greedy answers from a continuously refilled engine batch."""
+    """The target's answers from a continuously refilled engine batch: greedy, or sampled
+    where the prompt says so, seeded by its stream index so that a leg replays exactly."""
 
     def __init__(
         self,
@@ -116,12 +117,15 @@ class Distiller:
             else:
                 index = self.position.next_prompt
                 self.position.next_prompt += 1
-            text = self.tokenizer.render_chat(list(self.prompts[index].messages))
-            ids = self.tokenizer.encode(text)
+            prompt = self.prompts[index]
+            ids = self.tokenizer.encode(self.tokenizer.render_chat(list(prompt.messages)))
             if len(ids) > self.cfg.max_prompt_tokens:
                 self.position.skipped += 1
                 continue
-            self.engine.add_request(str(index), ids, self.params)
+            params = self.params
+            if prompt.temperature > 0:
+                params = replace(params, temperature=prompt.temperature, seed=index)
+            self.engine.add_request(str(index), ids, params)
             self.running[index] = (ids, [], [])
 
 

@@ -1,6 +1,8 @@
 """The long run's prompts: one seeded, ordered stream, so that a data position is an index.
 
-Three domains, interleaved by weight in a fixed order (a domain that runs out leaves the others):
+Three domains, interleaved by weight in a fixed order; a domain whose prompts were all answered
+greedily goes on with the same prompts answered by sampling (`RunConfig.resample`), and one
+that runs out of those too leaves the others:
 - prose: every human turn of the ShareGPT conversations, after the turns before it (the
   recorded answers stand in for the target's own in the history);
 - code: requests built from functions of Python's standard library, as the corpus stage builds,
@@ -22,7 +24,7 @@ import random
 import re
 import sysconfig
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dcoco.paths import REPO_ROOT
@@ -37,7 +39,7 @@ from dcoco.train.corpus_chat import (
 )
 from dcoco.train.corpus_code import package_files, records_from_file, stdlib_files
 from dcoco.train.corpus_math import math_records
-from dcoco.train.run_config import RunConfig
+from dcoco.train.run_config import Resample, RunConfig
 
 Message = dict[str, str]
 PREFIX_CHARS = 64  # a held-out prompt's normalised opening that no training prompt may share
@@ -50,6 +52,7 @@ class RunPrompt:
     key: str  # the record key that decides the split
     messages: tuple[Message, ...]  # the conversation up to and including the user's turn
     answer: str = ""  # the text's own answer to it; empty where the text has none
+    temperature: float = 0.0  # how the target answers it: 0 greedy, else sampled
 
 
 def normalise(text: str) -> str:
@@ -129,12 +132,16 @@ def math_prompts(count: int, seed: int) -> Iterator[RunPrompt]:
 
 
 def interleave(
-    domains: dict[str, list[RunPrompt]], weights: dict[str, float], seed: int
+    domains: dict[str, list[RunPrompt]],
+    weights: dict[str, float],
+    seed: int,
+    then: dict[str, list[RunPrompt]] | None = None,
 ) -> list[RunPrompt]:
-    """Each domain shuffled, then merged so that every prefix holds them near their weights."""
-    queues = {name: list(items) for name, items in domains.items()}
-    for name, items in sorted(queues.items()):
-        random.Random(f"{seed}:{name}").shuffle(items)
+    """Each domain shuffled and followed by its prompts in `then`, as they are; then merged so
+    that every prefix holds the domains near their weights."""
+    queues = {name: _shuffled(items, f"{seed}:{name}") for name, items in domains.items()}
+    for name, items in (then or {}).items():
+        queues[name] = queues.get(name, []) + items
     taken = dict.fromkeys(queues, 0)
     order: list[RunPrompt] = []
     while any(taken[n] < len(q) for n, q in queues.items()):
@@ -142,6 +149,27 @@ def interleave(
         name = min(live, key=lambda n: ((taken[n] + 1) / weights[n], n))
         order.append(queues[name][taken[name]])
         taken[name] += 1
+    return order
+
+
+def resampled(
+    domains: dict[str, list[RunPrompt]], resample: Resample, seed: int
+) -> dict[str, list[RunPrompt]]:
+    """Each domain's prompts again, `resample.passes` times, each pass in its own seeded order,
+    to be answered by sampling at `resample.temperature`."""
+    return {
+        name: [
+            replace(prompt, temperature=resample.temperature)
+            for n in range(1, resample.passes + 1)
+            for prompt in _shuffled(items, f"{seed}:{name}:{n}")
+        ]
+        for name, items in domains.items()
+    }
+
+
+def _shuffled(items: list[RunPrompt], seed: str) -> list[RunPrompt]:
+    order = list(items)
+    random.Random(seed).shuffle(order)
     return order
 
 
@@ -178,11 +206,14 @@ def exhausted_domains(prompts: list[RunPrompt], start: int, weights: dict[str, f
 
 def stream_of(cfg: RunConfig, sharegpt: Path | None = None) -> list[RunPrompt]:
     """The prompts a run's legs answer, in order. Where the stream grew (`cfg.grown`), the
-    earlier stream's first prompts come first, then every prompt not among them."""
+    earlier stream's first prompts come first, then every prompt not among them. Each
+    domain's sampled passes (`cfg.resample`) follow its greedy prompts and cover all of its
+    prompts, those of the earlier stream included."""
     chats = sharegpt or sharegpt_file()
     domains = domain_prompts(cfg, cfg.math_problems, cfg.code_packages, chats)
+    again = resampled(domains, cfg.resample, cfg.seed) if cfg.resample else None
     if cfg.grown is None:
-        return interleave(domains, cfg.weights, cfg.seed)
+        return interleave(domains, cfg.weights, cfg.seed, again)
     grown = cfg.grown
     before = domain_prompts(cfg, grown.math_problems, grown.code_packages, chats)
     head = interleave(before, cfg.weights, cfg.seed)[: grown.at]
@@ -191,7 +222,7 @@ def stream_of(cfg: RunConfig, sharegpt: Path | None = None) -> list[RunPrompt]:
         name: [p for p in found if _conversation(p) not in answered]
         for name, found in domains.items()
     }
-    return head + interleave(rest, cfg.weights, cfg.seed)
+    return head + interleave(rest, cfg.weights, cfg.seed, again)
 
 
 def digest(prompts: list[RunPrompt]) -> str:
@@ -199,7 +230,7 @@ def digest(prompts: list[RunPrompt]) -> str:
     packaged texts and pinned packages agree (a leg records it, `run.leg_record`)."""
     text = hashlib.sha256()
     for prompt in prompts:
-        text.update(repr((prompt.domain, _conversation(prompt))).encode())
+        text.update(repr((prompt.domain, prompt.temperature, _conversation(prompt))).encode())
     return text.hexdigest()[:16]
 
 

@@ -79,7 +79,8 @@ class Prefiller:
 
     def _encode(self, count: int) -> list[list[int]]:
         """Up to `count` sequences from the cursor on, each as [prompt length, *token ids]: the
-        prompt, then the answer cut to max_new_tokens, closed by <|im_end|> when it fits."""
+        prompt, then the answer cut to max_new_tokens, closed by <|im_end|> when it fits. A
+        sampled pass's prompt is skipped: its text was read in the greedy pass."""
         found: list[list[int]] = []
         end = self.tokenizer.token_id(IM_END)
         while len(found) < count and self.cursor < len(self.prompts):
@@ -87,7 +88,7 @@ class Prefiller:
             self.cursor += 1
             ids = self.tokenizer.encode(self.tokenizer.render_chat(list(prompt.messages)))
             answer = [*self.tokenizer.encode(prompt.answer.strip()), end]
-            if len(answer) < 2 or len(ids) > self.cfg.max_prompt_tokens:
+            if prompt.temperature or len(answer) < 2 or len(ids) > self.cfg.max_prompt_tokens:
                 self.skipped += 1
                 continue
             found.append([len(ids), *ids, *answer[: self.cfg.max_new_tokens]])
