@@ -124,7 +124,7 @@ def test_a_shard_holds_prompt_and_cut_answer_and_skips_what_cannot_train() -> No
         RunPrompt("math", "d", ({"role": "user", "content": "Count."},), "one two " * 20),
         RunPrompt("math", "e", ({"role": "user", "content": "And 3 + 3?"},), "It is 6."),
     ]
-    prompts.append(replace(prompts[0], temperature=1.0))  # a sampled pass: its text was read
+    prompts.insert(1, replace(prompts[0], temperature=1.0))  # a sampled pass: its text was read
     prefiller = Prefiller(
         load_target(TINY_TARGET), tokenizer, prompts, 0, cfg, (1, 3), argmax=False
     )
