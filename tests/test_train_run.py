@@ -22,6 +22,7 @@ from dcoco.train import run as run_module
 from dcoco.train.corpus_code import package_files
 from dcoco.train.data import Continuations, Labels
 from dcoco.train.run import run_leg, schedule
+from dcoco.train.run_adopt import open_indices
 from dcoco.train.run_config import Resample, RunConfig, StreamGrowth
 from dcoco.train.run_data import Distiller, Position, shard_file
 from dcoco.train.run_prompts import (
@@ -111,13 +112,21 @@ def test_a_leg_trains_exports_and_the_next_resumes(models: Path, tmp_path: Path)
     assert last["next_text"] == position["next_text"]  # no teacher-forced shard after shard 1
 
 
-def test_teacher_forced_legs_read_the_text_stream_on(models: Path, tmp_path: Path) -> None:
+def test_teacher_forced_legs_read_the_text_stream_on(
+    models: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """...and a leg whose stream is not the last leg's says so."""
     cfg = replace(toy_config(models), teacher_shards=100, teacher_labels=Labels.ARGMAX)
     work = tmp_path / "work"
     first = run_leg(cfg, work, hours=1.0, shards=2)
-    after_first = json.loads((models / SUMMARY_FILE).read_text())["position"]
+    summary = json.loads((models / SUMMARY_FILE).read_text())
+    after_first = summary["position"]
+    summary["legs"][-1]["stream"]["digest"] = "another machine"
+    (models / SUMMARY_FILE).write_text(json.dumps(summary))
     (work / STATE_FILE).unlink()
+    assert "warning" not in capsys.readouterr().out
     second = run_leg(cfg, work, hours=1.0, shards=2)
+    assert "[run] warning: this machine's prompt stream" in capsys.readouterr().out
     after_second = json.loads((models / SUMMARY_FILE).read_text())["position"]
     assert set(first["sources"]) == set(second["sources"]) == {"teacher"}
     assert 16 <= after_first["next_text"] < after_second["next_text"]
@@ -187,7 +196,7 @@ def test_a_shard_from_another_stream_or_source_is_refused(models: Path, tmp_path
     run_leg(cfg, tmp_path / "other", hours=1.0, shards=1)
     (models / SUMMARY_FILE).unlink()
     other = replace(cfg, seed=1)  # another shuffle of the stream: its answers are elsewhere
-    with pytest.raises(CheckpointError, match="answer no prompt of this run's stream"):
+    with pytest.raises(CheckpointError, match="answer no prompt this run has still to answer"):
         run_leg(
             other,
             tmp_path / "work2",
@@ -340,6 +349,23 @@ def test_a_sampled_prompt_is_answered_by_seeded_sampling(tmp_path: Path) -> None
     first = answers()
     assert first == answers()
     assert first[0] != first[1] != first[2] != first[0]
+
+
+def test_an_adopted_answer_is_booked_at_its_prompts_first_open_occurrence() -> None:
+    """A prompt answered greedily comes again in a sampled pass: an adopted answer to it books
+    that later occurrence, and none that the run has answered already."""
+    tokenizer = Tokenizer.from_dir(TINY_TARGET)
+    first, other = islice(math_prompts(10, 0), 2)
+    stream = [first, other, other, replace(first, temperature=1.0), first]
+
+    def row(prompt: RunPrompt) -> tuple[int, ...]:
+        return tuple(tokenizer.encode(tokenizer.render_chat(list(prompt.messages))))
+
+    assert open_indices([row(first)], stream, tokenizer, Position(), 5) == [0]
+    done = Position(next_prompt=2, redo=[1])  # 0 answered, 1 handed out and lost
+    assert open_indices([row(first), row(other)], stream, tokenizer, done, 5) == [1, 3]
+    assert open_indices([row(first)] * 3, stream, tokenizer, done, 5) == [3, 4]
+    assert open_indices([row(first)], stream, tokenizer, done, 3) == []  # not in the window
 
 
 def test_code_prompts_go_on_from_the_standard_library_into_the_named_packages() -> None:

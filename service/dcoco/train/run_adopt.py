@@ -4,7 +4,7 @@ twice: `dcoco train-run --adopt FILE`.
 Self-distillation is the run's costliest data (about 30 label tokens a CPU-second on one core),
 so a shard that an earlier run of the same prompt stream wrote (one stopped before its
 checkpoint could be kept, say) can join this run as its next shard. Each answer's prompt is
-found in the run's stream by its token ids; the prompts it answers count as done, and the
+found by its token ids among the stream's prompts still to answer; those count as done, and the
 stream's prompts before the last of them that it does not answer are generated again (the
 run's `redo`). A shard whose answers are not all in the stream, that keeps other layers' features
 or that holds teacher-forced text is refused with one line.
@@ -41,13 +41,13 @@ def adopt(
             f"{shard.tokens.shape[1]}, this run keeps {feature_layers} and {width}"
         )
     rows = [tuple(shard.tokens[r, : int(shard.prompt_lens[r])].tolist()) for r in range(len(shard))]
-    found = _indices(
-        rows, prompts, tokenizer, position.next_prompt + 4 * len(rows) + cfg.batch_size
-    )
+    limit = position.next_prompt + 4 * len(rows) + cfg.batch_size
+    found = open_indices(rows, prompts, tokenizer, position, limit)
     if len(found) < len(rows):
         raise CheckpointError(
-            f"{path}: {len(rows) - len(found)} of {len(rows)} answers answer no prompt of this "
-            "run's stream; it was made with other prompt settings"
+            f"{path}: {len(rows) - len(found)} of {len(rows)} answers answer no prompt this "
+            "run has still to answer; it was made with other prompt settings, or the run "
+            "answered them already"
         )
     last = max(found)
     before = set(position.redo) | set(range(position.next_prompt, last + 1))
@@ -63,16 +63,23 @@ def adopt(
     return len(found)
 
 
-def _indices(
-    rows: list[tuple[int, ...]], prompts: list[RunPrompt], tokenizer: Tokenizer, limit: int
+def open_indices(
+    rows: list[tuple[int, ...]],
+    prompts: list[RunPrompt],
+    tokenizer: Tokenizer,
+    position: Position,
+    limit: int,
 ) -> list[int]:
-    """The stream index of each row's prompt, searching the first `limit` prompts; a prompt
-    that occurs twice in the stream answers the rows that show it, in order."""
+    """The stream index of each row's prompt among those no written shard answers yet (the
+    run's `redo`, then those from `next_prompt` up to `limit`). A prompt the stream repeats
+    (a sampled pass over prompts answered greedily before) is booked at its first open
+    occurrence, never at one already answered, so that every occurrence is answered once."""
     wanted: dict[tuple[int, ...], int] = {}
     for row in rows:
         wanted[row] = wanted.get(row, 0) + 1
     found: list[int] = []
-    for index, prompt in enumerate(prompts[:limit]):
+    for index in [*position.redo, *range(position.next_prompt, min(limit, len(prompts)))]:
+        prompt = prompts[index]
         ids = tuple(tokenizer.encode(tokenizer.render_chat(list(prompt.messages))))
         if wanted.get(ids, 0) > 0:
             wanted[ids] -= 1
