@@ -6,9 +6,13 @@ step. Reordered once at load (`torch.ops.mkldnn._reorder_linear_weight`, what in
 freezing does for constant weights), the same matmuls ran 1.5-1.8x faster at 1 to 256 rows on
 an AMX CPU (docs/engine-profile.md).
 
-Packing applies only where oneDNN runs bf16 natively (`supported`): there `F.linear` takes the
-same kernels, less the reorder. Elsewhere (AVX2-only CPUs) weights stay as they are and a
-`Bf16Linear` calls `F.linear`, so no CPU gets a kernel it did not already run.
+Where oneDNN runs bf16 natively (`supported`) `F.linear` takes the same kernels, less the
+reorder. Elsewhere (AVX2-only CPUs) bf16 matmuls are emulated: over SmolLM2's 3,072 x 576
+weight one row costs less in bf16 than in fp32, but 16 rows cost 2.2x and 128 rows 6.8x the
+fp32 matmul. There a `Bf16Linear` keeps its bf16-valued weights in fp32, packed for oneDNN's
+fp32 kernels alike (on an AVX2-only AMD EPYC 1.5x faster than `F.linear`'s MKL at one row, 2.2x
+at 16), and multiplies bf16 rows upcast. So there it suits only linears that multiply many rows:
+the dense copies of quantized linears and drafters' blocks (`pack_linears(wide=True)`).
 
 A packed weight is oneDNN's opaque tensor (layout torch._mkldnn, shape [N, K]): plain ops
 refuse it; `linear` multiplies by it and `to_dense()` reads it back. inductor cannot lower
@@ -33,13 +37,14 @@ def supported() -> bool:
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """[N, K] bf16, contiguous -> the same weights in oneDNN's layout, for `linear` only."""
+    """[N, K] bf16 or fp32, contiguous -> the same weights in oneDNN's layout, for `linear`
+    only."""
     return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)  # [N, K]
 
 
 @torch.library.custom_op("dcoco::packed_linear", mutates_args=())
 def packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., K] bf16, weight [N, K] from `pack` -> [..., N]."""
+    """x [..., K], weight [N, K] of x's dtype from `pack` -> [..., N]."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")  # [..., N]
 
 
@@ -49,33 +54,40 @@ def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., K] bf16, weight [N, K] from `pack` -> [..., N]."""
+    """x [..., K], weight [N, K] of x's dtype from `pack` -> [..., N]."""
     if torch.compiler.is_compiling():
         return packed_linear(x, weight)  # [..., N]
     return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")  # [..., N]
 
 
 class Bf16Linear(nn.Module):
-    """An inference-only bf16 nn.Linear without bias: its weight packed where `supported`,
-    as it is elsewhere."""
+    """An inference-only bias-free linear with bf16 activations: its weights packed for oneDNN,
+    in bf16 where `supported`, elsewhere in fp32 (the same bf16 values), where rows are
+    upcast. Unpacked where torch has no oneDNN."""
 
-    weight: torch.Tensor  # [N, K] bf16, packed where self.packed
+    weight: torch.Tensor  # [N, K] bf16, or fp32 where self.fp32; packed where self.packed
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
-        self.packed = supported()
+        self.fp32 = not supported()
+        self.packed = torch.backends.mkldnn.is_available()
         plain = weight.detach().bfloat16().contiguous()  # [N, K]
+        if self.fp32:
+            plain = plain.float()  # [N, K]
         self.register_buffer("weight", pack(plain) if self.packed else plain)  # [N, K]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight) if self.packed else F.linear(x, self.weight)  # [..., N]
+        rows = x.float() if self.fp32 else x  # [..., K]
+        out = linear(rows, self.weight) if self.packed else F.linear(rows, self.weight)  # [..., N]
+        return out.to(x.dtype)  # [..., N]
 
 
-def pack_linears(module: nn.Module, keep: nn.Module | None = None) -> None:
-    """Replaces every bias-free bf16 nn.Linear under `module` (in place) by a packed
-    Bf16Linear where `supported`; elsewhere changes nothing. Leaves the subtree `keep` (code
-    that reads its weights) as it is. Ties between weights are not kept."""
-    if not supported():
+def pack_linears(module: nn.Module, keep: nn.Module | None = None, wide: bool = False) -> None:
+    """Replaces every bias-free bf16 nn.Linear under `module` (in place) by a Bf16Linear where
+    `supported`, or where `wide` (the module multiplies many rows a call, as a drafter's block
+    does) on any CPU; otherwise changes nothing. Leaves the subtree `keep` (code that reads its
+    weights) as it is. Ties between weights are not kept."""
+    if not (wide or supported()):
         return
     for name, child in module.named_children():
         if child is keep:
@@ -84,4 +96,4 @@ def pack_linears(module: nn.Module, keep: nn.Module | None = None) -> None:
             if child.weight.dtype == torch.bfloat16:
                 setattr(module, name, Bf16Linear(child.weight))
         else:
-            pack_linears(child, keep)
+            pack_linears(child, keep, wide)
