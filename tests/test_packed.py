@@ -11,10 +11,6 @@ from dcoco.precision import apply_precision, current_precision
 from dcoco.shared.options import Precision
 from factories import make_target
 
-needs_onednn_bf16 = pytest.mark.skipif(
-    not packed.supported(), reason="oneDNN runs no bf16 matmul natively on this CPU"
-)
-
 
 @pytest.mark.parametrize("shape", [(1, 96), (5, 96), (16, 96), (2, 3, 96)])
 def test_a_bf16_linear_computes_what_f_linear_does(shape: tuple[int, ...]) -> None:
@@ -69,7 +65,6 @@ class Parts(nn.Module):
         self.kept = nn.Sequential(nn.Linear(32, 32, bias=False).bfloat16())
 
 
-@needs_onednn_bf16
 def test_pack_linears_packs_bias_free_bf16_linears_outside_the_kept_part() -> None:
     parts = Parts()
     pack_linears(parts, keep=parts.kept)
@@ -80,29 +75,16 @@ def test_pack_linears_packs_bias_free_bf16_linears_outside_the_kept_part() -> No
     assert type(parts.kept[0]) is nn.Linear
 
 
-def test_pack_linears_changes_nothing_where_onednn_runs_no_bf16(
+def test_where_bf16_is_emulated_the_linears_multiply_fp32_weights(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(packed, "supported", lambda: False)
-    parts = Parts()
-    pack_linears(parts)
-    assert type(parts.plain) is nn.Linear
-    assert type(parts.nested[0]) is nn.Linear
-
-
-def test_where_bf16_is_emulated_wide_linears_multiply_fp32_weights(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A drafter's block, or a quantized linear's dense copy, multiplies many rows: where
-    oneDNN has no native bf16, its weights are held in fp32 (their bf16 values), rows upcast."""
+    """Where oneDNN has no native bf16, a Bf16Linear holds its weights in fp32 (their bf16
+    values) and upcasts its rows."""
     monkeypatch.setattr(packed, "supported", lambda: False)
     parts = Parts()
     weight = parts.plain.weight.detach().clone()  # [16, 32] bf16
-    pack_linears(parts, keep=parts.kept, wide=True)
+    pack_linears(parts)
     assert isinstance(parts.plain, Bf16Linear)
-    assert isinstance(parts.nested[0], Bf16Linear)
-    assert type(parts.biased) is nn.Linear
-    assert type(parts.kept[0]) is nn.Linear
     assert parts.plain.fp32
     assert torch.equal(parts.plain.weight.to_dense(), weight.float())
     x = torch.randn(24, 32).bfloat16()  # [M, K]
@@ -114,7 +96,6 @@ def test_where_bf16_is_emulated_wide_linears_multiply_fp32_weights(
     assert torch.equal(dense, dense.bfloat16().float())  # bf16 values
 
 
-@needs_onednn_bf16
 def test_a_packed_target_computes_what_it_did_and_stays_bf16() -> None:
     target = make_target(hidden=64, vocab=64).bfloat16()
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])  # [1, T]

@@ -84,7 +84,7 @@ class ModelRunner:
         if drafter is not None:
             d = drafter.config.model
             drafter.cast(dtype)
-            pack_linears(drafter, keep=drafter.corrector, wide=True)  # B + 1 rows a draft
+            pack_linears(drafter, keep=drafter.corrector)
             set_attention_upcast(drafter, upcast)
             self.drafter_cache = KVCache(
                 d.num_hidden_layers,

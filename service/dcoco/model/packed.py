@@ -11,8 +11,9 @@ reorder. Elsewhere (AVX2-only CPUs) bf16 matmuls are emulated: over SmolLM2's 3,
 weight one row costs less in bf16 than in fp32, but 16 rows cost 2.2x and 128 rows 6.8x the
 fp32 matmul. There a `Bf16Linear` keeps its bf16-valued weights in fp32, packed for oneDNN's
 fp32 kernels alike (on an AVX2-only AMD EPYC 1.5x faster than `F.linear`'s MKL at one row, 2.2x
-at 16), and multiplies bf16 rows upcast. So there it suits only linears that multiply many rows:
-the dense copies of quantized linears and drafters' blocks (`pack_linears(wide=True)`).
+at 16), and multiplies bf16 rows upcast: the same sums, with fp32 accumulation, as a native
+bf16 matmul. A bf16 engine's plain steps at batch 1 are then about 2x dearer there, its
+verifies, batches, drafts and prefills 2-5x cheaper (docs/engine-profile.md).
 
 A packed weight is oneDNN's opaque tensor (layout torch._mkldnn, shape [N, K]): plain ops
 refuse it; `linear` multiplies by it and `to_dense()` reads it back. inductor cannot lower
@@ -82,13 +83,10 @@ class Bf16Linear(nn.Module):
         return out.to(x.dtype)  # [..., N]
 
 
-def pack_linears(module: nn.Module, keep: nn.Module | None = None, wide: bool = False) -> None:
-    """Replaces every bias-free bf16 nn.Linear under `module` (in place) by a Bf16Linear where
-    `supported`, or where `wide` (the module multiplies many rows a call, as a drafter's block
-    does) on any CPU; otherwise changes nothing. Leaves the subtree `keep` (code that reads its
-    weights) as it is. Ties between weights are not kept."""
-    if not (wide or supported()):
-        return
+def pack_linears(module: nn.Module, keep: nn.Module | None = None) -> None:
+    """Replaces every bias-free bf16 nn.Linear under `module` (in place) by a Bf16Linear,
+    leaving the subtree `keep` (code that reads its weights) as it is. Ties between weights are
+    not kept."""
     for name, child in module.named_children():
         if child is keep:
             continue
@@ -96,4 +94,4 @@ def pack_linears(module: nn.Module, keep: nn.Module | None = None, wide: bool = 
             if child.weight.dtype == torch.bfloat16:
                 setattr(module, name, Bf16Linear(child.weight))
         else:
-            pack_linears(child, keep, wide)
+            pack_linears(child, keep)
