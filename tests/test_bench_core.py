@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from dcoco.bench.core_parts import gaps, plain_rates, time_llama, weight_bytes
+from dcoco.model import packed
 from dcoco.shared.options import Precision
 from factories import make_target
 
@@ -16,7 +17,10 @@ def test_weight_bytes_count_what_decoding_reads() -> None:
     sizes = {
         p: weight_bytes(copy.deepcopy(target), p) for p in Precision if p is not Precision.AUTO
     }
-    assert sizes[Precision.FP32] == 2 * sizes[Precision.BF16]
+    if packed.supported():
+        assert sizes[Precision.FP32] == 2 * sizes[Precision.BF16]
+    else:  # bf16 values held in fp32 where bf16 is emulated; only the norms stay bf16
+        assert sizes[Precision.BF16] < sizes[Precision.FP32] < 1.01 * sizes[Precision.BF16]
     # Quantized: the dense bf16 copies for wide forwards are not read when decoding.
     assert sizes[Precision.INT4] < sizes[Precision.INT8] < sizes[Precision.BF16]
 

@@ -150,7 +150,11 @@ class DFlashDrafter(nn.Module):
         return embeds
 
     def cast(self, dtype: torch.dtype) -> "DFlashDrafter":
-        """Weights and the mask vector in `dtype`, in place."""
+        """Weights and the mask vector in `dtype`, in place. A drafter already in `dtype` is
+        left as it is: an engine may have packed its linears for oneDNN (`model/packed.py`),
+        whose weights do not convert."""
+        if next(self.parameters()).dtype == dtype:
+            return self
         self.to(dtype)
         if self.mask_embedding is not None:
             self.mask_embedding = self.mask_embedding.to(dtype)
