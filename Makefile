@@ -84,7 +84,7 @@ serve:
 # (BENCH_LIMIT prompts from each of BENCH_SUITES), greedy and temperature 1, the concurrency
 # sweep; rewrites docs/bench.{md,json} and docs/bench-*.png. Smallest run, to check it works:
 #   make bench BENCH_LIMIT=2 BENCH_CONCURRENCY=1,2 BENCH_MAX_TOKENS=8 BENCH_OUT=build/bench-small
-BENCH_VARIANTS ?= vanilla,ngram,dflash,dcoco,dcoco-adaptive
+BENCH_VARIANTS ?= vanilla,ngram,dflash,dcoco,dcoco-adaptive,dcoco-lookup
 BENCH_SUITES ?= code math prose humaneval gsm8k mtbench aime2025 gpqa mtbench2
 BENCH_LIMIT ?= 4
 BENCH_CONCURRENCY ?= 1,4,8,16,32

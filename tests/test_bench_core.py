@@ -44,7 +44,8 @@ def test_speculation_rows_come_out_for_every_variant_against_plain() -> None:
     drafters = {name: load_drafter(TINY_MODELS / name) for name in ("dflash", "dcoco")}
     target = load_target(TINY_MODELS / "target")
     rows = spec_rates(target, drafters, Precision.FP32, [[5, 6, 7], [8, 9]], 8, passes=2)
-    assert [r.variant for r in rows] == ["vanilla", "ngram", "dflash", "dcoco", "dcoco-adaptive"]
+    names = ["vanilla", "ngram", "dflash", "dcoco", "dcoco-adaptive", "dcoco-lookup"]
+    assert [r.variant for r in rows] == names
     assert rows[0].over_plain == 1.0
     assert rows[0].accepted_length == 1.0
     assert all(r.tokens_per_s > 0 and r.accepted_length >= 1.0 for r in rows)

@@ -13,7 +13,7 @@ from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
 from dcoco.spec.drafter import DFlashDrafter
-from dcoco.spec.planner import EXPLORE_SHARE, CostCurve, LineFit, VerifyPlanner
+from dcoco.spec.planner import EXPLORE_SHARE, Acceptance, CostCurve, LineFit, Plan, VerifyPlanner
 from factories import greedy_reference, make_drafter
 
 Pair = tuple[CausalLM, DFlashDrafter]
@@ -175,6 +175,80 @@ def test_one_slow_plain_step_does_not_keep_it_speculating_where_plain_is_faster(
     assert choices[-500:].count(0) > 480
 
 
+def test_an_outcome_counts_only_the_slots_it_knows() -> None:
+    """A lookup draft compared with the two tokens a cycle committed, both matching: slots 0
+    and 1 held, slot 2 unknown. Another row's draft broke at slot 1."""
+    seen = Acceptance(block=4)
+    seen.observe([(2, 2), (1, 2)])
+    assert seen.trials[:3] == [4 * 0.98 + 2, 4 * 0.98 + 2, 4]
+    assert seen.hits[:3] == [2 * 0.98 + 2, 2 * 0.98 + 1, 2]
+
+
+def lookup_trained(planner: VerifyPlanner, drafted: int, looked_up: int) -> None:
+    """The drafter's drafts hold `drafted` slots, lookup drafts `looked_up`; verifying costs
+    0.020 s plus 0.002 s a token, drafting 0.010 s."""
+    for k in (planner.block, 1, planner.block // 2) * 20:
+        planner.observe(1, k, [min(drafted, k)], 0.010, 0.020 + 0.002 * (k + 1))
+        planner.looked_up.observe([(looked_up, min(looked_up + 1, planner.block))])
+
+
+def test_a_row_whose_lookup_draft_holds_verifies_it_and_skips_the_drafter() -> None:
+    planner = VerifyPlanner(block=8)
+    lookup_trained(planner, drafted=1, looked_up=6)
+    plan = planner.plan([8], exploring_allowed=False)
+    assert plan.looked_up == {0}
+    assert not plan.drafting
+    assert 5 <= plan.k <= 8
+    assert planner.plan([0], exploring_allowed=False) == Plan(planner.choose(1, False))
+
+
+def test_lookup_drafts_that_seldom_hold_are_left_unverified() -> None:
+    planner = VerifyPlanner(block=8)
+    lookup_trained(planner, drafted=4, looked_up=0)
+    assert planner.plan([8], exploring_allowed=False) == Plan(4)
+
+
+def test_rows_without_a_lookup_draft_draft_when_drafting_pays() -> None:
+    planner = VerifyPlanner(block=8)
+    lookup_trained(planner, drafted=4, looked_up=8)
+    plan = planner.plan([8, 0], exploring_allowed=False)
+    assert plan.looked_up == {0}
+    assert plan.drafting
+    planner = VerifyPlanner(block=8)
+    lookup_trained(planner, drafted=0, looked_up=8)
+    plan = planner.plan([8, 0], exploring_allowed=False)
+    assert plan.looked_up == {0}
+    assert not plan.drafting
+
+
+def test_with_lookup_greedy_output_is_token_for_token_the_targets(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A random target repeats itself, so lookup drafts hold; the untrained drafter's rarely
+    do. Whatever each cycle verifies, the text is the target's."""
+    target = pair[0]
+    drafter = make_drafter(target, block=4, top_k=4)
+    cfg = EngineConfig(
+        mode=Mode.DCOCO, max_batch_size=6, max_model_len=96, adaptive=True, lookup=True
+    )
+    eng = Engine(target, drafter, cfg)
+    assert eng.planner is not None
+    plans: list[Plan] = []
+    plan = eng.planner.plan
+
+    def record(found: list[int], exploring_allowed: bool = True) -> Plan:
+        plans.append(plan(found, exploring_allowed))
+        return plans[-1]
+
+    monkeypatch.setattr(eng.planner, "plan", record)
+    for batch in (PROMPTS, PROMPTS[:1]):
+        completions, _ = eng.generate(batch, SamplingParams(max_tokens=40))
+        for completion, prompt in zip(completions, batch, strict=True):
+            assert completion.token_ids == greedy_reference(target, prompt, 40)
+    assert any(p.looked_up and p.k for p in plans)
+    assert eng.planner.looked_up.trials[0] > 4 * 4  # learnt from many cycles
+
+
 def test_adaptive_greedy_output_is_token_for_token_the_targets(pair: Pair) -> None:
     target = pair[0]
     untrained = make_drafter(target, block=4, top_k=4)  # rarely right: k drops to 0 at times
@@ -199,7 +273,7 @@ def test_a_draft_after_plain_steps_is_not_charged_their_deferred_context(
     cfg = EngineConfig(mode=Mode.DCOCO, max_batch_size=1, max_model_len=96, adaptive=True)
     eng = Engine(target, drafter, cfg)
     plans = iter([0] * 20 + [2] * 10)
-    monkeypatch.setattr(eng, "_plan", lambda seqs: next(plans))
+    monkeypatch.setattr(eng, "_plan", lambda seqs, shadow: Plan(next(plans)))
     flush = eng.runner.flush_context
 
     def slow(seqs: list[Sequence]) -> None:

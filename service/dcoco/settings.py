@@ -127,6 +127,10 @@ class EngineSettings(BaseSettings):
     # from measured acceptance per slot and measured verify cost; False: always all B, for
     # fixed-B comparisons. Lossless either way.
     adaptive: bool = True
+    # Adaptive engines: a row may verify its prompt-lookup draft (the tokens that followed its
+    # last few tokens earlier in its context) instead of the drafter's, where the planner
+    # expects more tokens a second from it (spec/planner.py).
+    lookup: bool = True
     # Compile the target's layers on a background thread and run them compiled once ready
     # (engine/compiled.py); not in fp32. False where other work shares the worker's cores.
     compile: bool = True
@@ -147,6 +151,7 @@ class EngineSettings(BaseSettings):
             precision=self.precision,
             cache_dir=self.cache_dir,
             adaptive=self.adaptive,
+            lookup=self.lookup,
             compile=self.compile,
         )
 

@@ -8,8 +8,9 @@
    floor for the bytes that precision reads. The precisions (and below, the variants) take
    turns, --passes times, and each keeps its best pass: other work on a shared machine only
    ever slows a pass down.
-3. DFlash, DCOCO and adaptive DCOCO at batch 1 in the precision `auto` picks, beside plain
-   decoding in it: code and math prompts of the held-out split, greedy.
+3. n-gram lookup, DFlash, DCOCO and adaptive DCOCO (without and with lookup drafts, the
+   worker's default) at batch 1 in the precision `auto` picks, beside plain decoding in it:
+   code and math prompts of the held-out split, greedy.
 4. llama.cpp on the very GGUF file the target is converted from, when llama-cpp-python is
    installed (an optional benchmark dependency: `pip install llama-cpp-python`, a source build
    of several minutes): its per-token eval time on the same prompt and threads, the wrapper's

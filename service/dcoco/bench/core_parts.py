@@ -104,12 +104,13 @@ class Row:
         )
 
 
-VARIANTS = (  # name, mode, drafter folder, adaptive
-    ("vanilla", Mode.VANILLA, None, False),
-    ("ngram", Mode.NGRAM, None, False),
-    ("dflash", Mode.DFLASH, "dflash", False),
-    ("dcoco", Mode.DCOCO, "dcoco", False),
-    ("dcoco-adaptive", Mode.DCOCO, "dcoco", True),
+VARIANTS = (  # name, mode, drafter folder, adaptive, lookup
+    ("vanilla", Mode.VANILLA, None, False, False),
+    ("ngram", Mode.NGRAM, None, False, False),
+    ("dflash", Mode.DFLASH, "dflash", False, False),
+    ("dcoco", Mode.DCOCO, "dcoco", False, False),
+    ("dcoco-adaptive", Mode.DCOCO, "dcoco", True, False),
+    ("dcoco-lookup", Mode.DCOCO, "dcoco", True, True),  # the worker's default
 )
 
 
@@ -145,16 +146,18 @@ def spec_rates(
     tokens: int,
     passes: int,
 ) -> list[Row]:
-    """Plain, DFlash, DCOCO and adaptive DCOCO at batch 1: for each prompt the variants take
-    turns, `passes` times over all prompts; each variant keeps its best pass."""
+    """Plain, n-gram, DFlash, DCOCO and adaptive DCOCO without and with lookup drafts, at batch
+    1: for each prompt the variants take turns, `passes` times over all prompts; each variant
+    keeps its best pass."""
     engines = []
-    for _, mode, drafter, adaptive in VARIANTS:
+    for _, mode, drafter, adaptive, lookup in VARIANTS:
         cfg = EngineConfig(
             mode=mode,
             max_batch_size=1,
             max_model_len=1024,
             precision=precision,
             adaptive=adaptive,
+            lookup=lookup,
             compile=True,
         )
         spec = copy.deepcopy(drafters[drafter]) if drafter else None

@@ -41,6 +41,13 @@ VARIANTS: dict[str, dict[str, str]] = {  # {models}: the --models folder
         "DCOCO_MODE": "dcoco",
         "DCOCO_DRAFTER": "{models}/dcoco",
         "DCOCO_ADAPTIVE": "true",
+        "DCOCO_LOOKUP": "false",
+    },
+    "dcoco-lookup": {  # the worker's default
+        "DCOCO_MODE": "dcoco",
+        "DCOCO_DRAFTER": "{models}/dcoco",
+        "DCOCO_ADAPTIVE": "true",
+        "DCOCO_LOOKUP": "true",
     },
 }
 

@@ -26,7 +26,7 @@ SUITES = (
 SPECULATION = ("off", "ngram", "dflash", "dcoco")  # a request's speculation (dcoco.queue.protocol)
 MODES = ("greedy", "t1")
 THINKING = ("default", "on", "off", "both")
-VARIANTS = ("vanilla", "ngram", "dflash", "dcoco", "dcoco-adaptive")
+VARIANTS = ("vanilla", "ngram", "dflash", "dcoco", "dcoco-adaptive", "dcoco-lookup")
 
 
 def listed(kind: Callable[[str], T], choices: tuple[str, ...] = ()) -> Callable[[str], list[T]]:

@@ -15,6 +15,7 @@ VARIANTS = (
     "dflash",
     "dcoco-prefix",
     "dcoco-adaptive",
+    "dcoco-lookup",
     "dcoco-global",
     "dcoco-discounted",
     "dcoco-frozen",

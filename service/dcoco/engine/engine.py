@@ -32,7 +32,7 @@ from dcoco.shared.sampling import SamplingParams
 from dcoco.shared.stats import CycleStats, SpecStats
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.spec.ngram import lookup
-from dcoco.spec.planner import VerifyPlanner
+from dcoco.spec.planner import Plan, VerifyPlanner
 from dcoco.spec.verify import sample, target_probs, verify
 
 log = logging.getLogger(__name__)
@@ -293,19 +293,27 @@ class Engine:
         the cycle in their own."""
         self.runner.flush_context([s for s in seqs if s.pending_positions >= MAX_PENDING_CONTEXT])
         speculating = [row for row, s in enumerate(seqs) if s.mode is not Mode.VANILLA]
-        k = self._plan(seqs) if speculating else 0
-        drafting = [row for row in speculating if seqs[row].mode.needs_drafter]
+        shadow = self._lookups(seqs)  # rows the planner may draft by prompt lookup
+        plan = self._plan(seqs, shadow) if speculating else Plan(0)
+        k = plan.k
+        drafting = [
+            row
+            for row in speculating
+            if seqs[row].mode.needs_drafter and plan.drafting and row not in plan.looked_up
+        ]
         looked_up = {
             row: lookup(seqs[row].prompt_ids + seqs[row].output_ids, k)
             for row in speculating
             if seqs[row].mode is Mode.NGRAM
-        }
-        if not drafting:  # verify no wider than the longest lookup
+        } | {row: shadow[row][:k] for row in plan.looked_up}
+        if not drafting and not plan.looked_up:  # verify no wider than the longest lookup
             k = max((len(found) for found in looked_up.values()), default=0)
+        committed_before = [len(s.output_ids) for s in seqs]
         if k == 0:
             cycles = self._decode(seqs, result, prefilling)
             if not prefilling:  # a step that carried chunks says nothing of a plain step's cost
                 self._observe(seqs, 0, [], 0.0, sum(c.seconds["total"] for c in cycles[:1]))
+            self._observe_lookups(seqs, shadow, committed_before)
             return cycles
         t0 = time.perf_counter()
         proposed: list[list[int]] = [looked_up.get(row, []) for row in range(len(seqs))]
@@ -342,9 +350,9 @@ class Engine:
         for seq, held, mine, index, tokens in rows:
             seq.num_cached += held + 1
             self._cycle_row(seq, book, result, held, index, mine, tokens)
-        self._observe(
-            seqs, k, [accepted[row] for row in speculating], t2 - t0 - deferred_s, t3 - t2
-        )
+        by_drafter = [row for row in speculating if row not in plan.looked_up]
+        self._observe(seqs, k, [accepted[row] for row in by_drafter], t2 - t0 - deferred_s, t3 - t2)
+        self._observe_lookups(seqs, shadow, committed_before)
         if prefilling:
             self._prefill(result, prefilling)
         return book.cycles()
@@ -398,10 +406,42 @@ class Engine:
         # Rejected: what the output did not use of the draft, as `usage` counts it.
         report(seq, kept, result, provenance(held, chosen), tuple(drafted[used:k]))
 
-    def _plan(self, seqs: list[Sequence]) -> int:
-        """How many drafted tokens this cycle verifies: all B unless adaptive. Any prefix is
+    def _plan(self, seqs: list[Sequence], shadow: dict[int, list[int]]) -> Plan:
+        """How many drafted tokens this cycle verifies, all B unless adaptive, and which rows
+        verify their lookup draft (`shadow`) instead of the drafter's. Any prefix of either is
         safe for seeded requests too: their output does not depend on it (`engine/uniforms.py`)."""
-        return self.block if self.planner is None else self.planner.choose(len(seqs))
+        if self.planner is None:
+            return Plan(self.block)
+        return self.planner.plan([len(shadow.get(row, ())) for row in range(len(seqs))])
+
+    def _lookups(self, seqs: list[Sequence]) -> dict[int, list[int]]:
+        """Each drafter row's prompt-lookup draft of up to B tokens, where the engine lets the
+        planner weigh them (`cfg.lookup`); rows without a match are left out."""
+        if self.planner is None or not self.cfg.lookup:
+            return {}
+        drafts = {
+            row: lookup(seq.prompt_ids + seq.output_ids, self.block)
+            for row, seq in enumerate(seqs)
+            if seq.mode.needs_drafter
+        }
+        return {row: draft for row, draft in drafts.items() if draft}
+
+    def _observe_lookups(
+        self, seqs: list[Sequence], shadow: dict[int, list[int]], before: list[int]
+    ) -> None:
+        """Teaches the planner the lookup drafts' acceptance from what each row committed this
+        cycle (its output beyond `before`), whether or not they were verified (`spec/planner`)."""
+        if self.planner is None or not shadow:
+            return
+        outcomes = []
+        for row, draft in shadow.items():
+            committed = seqs[row].output_ids[before[row] :]
+            held = next(
+                (p for p, (a, b) in enumerate(zip(draft, committed, strict=False)) if a != b),
+                min(len(draft), len(committed)),
+            )
+            outcomes.append((held, min(len(draft), len(committed), held + 1)))
+        self.planner.looked_up.observe(outcomes)
 
     def _observe(
         self, seqs: list[Sequence], k: int, accepted: list[int], fixed_s: float, verify_s: float

@@ -28,6 +28,7 @@ class Variant:
     rule: Rule = Rule.PREFIX
     precision: Precision | None = None  # None: the evaluation's precision
     adaptive: bool = False  # verify the planner's prefix of the draft (the worker's default)
+    lookup: bool = False  # adaptive: a row may verify its prompt-lookup draft instead
     compile: bool = True  # the target's layers compiled (the worker's default; not in fp32)
 
 
@@ -38,6 +39,8 @@ VARIANTS = (
     Variant("dflash", Mode.DFLASH, "dflash"),
     Variant("dcoco-prefix", Mode.DCOCO, "dcoco"),
     Variant("dcoco-adaptive", Mode.DCOCO, "dcoco", adaptive=True),
+    # Adaptive DCOCO whose planner may verify a row's prompt-lookup draft where it pays more.
+    Variant("dcoco-lookup", Mode.DCOCO, "dcoco", adaptive=True, lookup=True),
     Variant("dcoco-global", Mode.DCOCO, "dcoco", Rule.GLOBAL),
     Variant("dcoco-discounted", Mode.DCOCO, "dcoco", Rule.DISCOUNTED),
     Variant("dcoco-frozen", Mode.DCOCO, "dcoco-frozen"),
@@ -128,6 +131,7 @@ def measure(
         eos_token_ids=models.eos_token_ids,
         precision=precision,
         adaptive=variant.adaptive,
+        lookup=variant.lookup,
         compile=variant.compile,
     )
     engine = Engine(target, drafter, cfg)

@@ -39,6 +39,9 @@ class EngineConfig:
     # Verify, each cycle, the prefix of the draft that maximises expected tokens per second
     # (see dcoco.spec.planner); False verifies all B drafted tokens, for fixed-B comparisons.
     adaptive: bool = False
+    # Adaptive engines: let the planner verify a row's prompt-lookup draft (`spec/ngram.py`)
+    # instead of the drafter's where it expects more tokens a second from it.
+    lookup: bool = False
     # Run the target's decoder layers compiled by inductor once they are compiled, on a
     # background thread; eager until then (engine/compiled.py). Never in fp32, the exact mode.
     compile: bool = False

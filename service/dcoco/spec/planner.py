@@ -28,6 +28,15 @@ of the predicted time of the cycles since the last try. The tries take turns:
   another process) would make speculation look better for good.
 Exploring is thus nearly free at batch 1 and rare at batch 32, and takes about that share of the
 time at most. The estimates are per engine, one model.
+
+Prompt lookup (`plan`): a row whose recent tokens recur earlier in its context has a second
+draft that costs nothing to make, the tokens that followed them (`spec/ngram.py`). Where the
+engine allows it, each cycle also weighs verifying those drafts, for the rows that have one,
+with the drafter skipped or run for the other rows only. Their acceptance by slot is a second
+estimate, learnt every cycle whatever was verified: a lookup draft's slot p would have been
+accepted exactly when the target's committed token there equals it (for a sampled row, with
+the chance the target gives that token, the chance a verification accepts it), so comparing
+the draft with what the cycle committed observes it without verifying it.
 """
 
 from dataclasses import dataclass, field
@@ -131,43 +140,17 @@ class CostCurve:
 
 
 @dataclass
-class VerifyPlanner:
+class Acceptance:
+    """One draft source's acceptance by slot: decayed counts of the verifications that reached
+    each slot and of those that kept it."""
+
     block: int  # B
     hits: list[float] = field(default_factory=list)  # per slot, decayed accepted counts
     trials: list[float] = field(default_factory=list)  # per slot, decayed verified counts
-    verify_cost: CostCurve = field(default_factory=CostCurve)  # seconds by n * (k + 1)
-    fixed_cost: LineFit = field(default_factory=LineFit)  # seconds against n
-    banked_s: float = 0.0  # predicted seconds of the cycles since the last exploration
-    probes: int = 0  # explorations so far
 
     def __post_init__(self) -> None:
         self.hits = [PRIOR_TRIALS / 2] * self.block
         self.trials = [PRIOR_TRIALS] * self.block
-
-    def choose(self, rows: int, exploring_allowed: bool = True) -> int:
-        """k for the next cycle of `rows` sequences."""
-        if self.verify_cost.weight == 0:
-            return self.block
-        reach = self.reach()
-        committed = list(accumulate(reach))  # [B + 1]: tokens a k-cycle commits per row
-        rates = [rows * committed[k] / max(self.cost(rows, k), 1e-9) for k in range(self.block + 1)]
-        best_k = max(range(self.block + 1), key=rates.__getitem__)  # the first of equals
-        self.banked_s += self.cost(rows, best_k)
-        probe = self._probe(best_k, reach)
-        if probe is None or not exploring_allowed:
-            return best_k
-        lost_s = self.cost(rows, probe) - rows * committed[probe] / rates[best_k]
-        if lost_s > EXPLORE_SHARE * self.banked_s:
-            return best_k
-        self.banked_s = 0.0
-        self.probes += 1
-        return probe
-
-    def _probe(self, best_k: int, reach: list[float]) -> int | None:
-        """The k the next exploration tries: deeper and plain in turns (module docstring)."""
-        deep = sum(1 for chance in reach[: self.block] if chance >= REACH_FLOOR)
-        turns = [k for k in (min(self.block, max(best_k + 1, deep)), 0) if k != best_k]
-        return turns[self.probes % len(turns)] if turns else None
 
     def reach(self) -> list[float]:
         """[B + 1]: the estimated chance that a row's drafted slots 0..p-1 all hold, so that it
@@ -176,6 +159,98 @@ class VerifyPlanner:
         for hits, trials in zip(self.hits, self.trials, strict=True):
             chances.append(chances[-1] * hits / trials)
         return chances
+
+    def observe(self, outcomes: list[tuple[int, int]]) -> None:
+        """Per row (accepted, known): of the first `known` slots, whose outcome is known, the
+        first `accepted` held (a verification of k knows k; a comparison with what a cycle
+        committed knows no further than that)."""
+        for p in range(max((known for _, known in outcomes), default=0)):
+            reached = sum(1 for held, known in outcomes if known > p and held >= p)
+            kept = sum(1 for held, known in outcomes if known > p and held > p)
+            self.trials[p] = DECAY * self.trials[p] + reached
+            self.hits[p] = DECAY * self.hits[p] + kept
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A cycle: verify k drafted tokens a row; the rows in `looked_up` verify their prompt
+    lookup's draft, the others the drafter's if `drafting`, else nothing (a plain step)."""
+
+    k: int
+    looked_up: frozenset[int] = frozenset()
+    drafting: bool = True
+
+
+@dataclass
+class VerifyPlanner:
+    block: int  # B
+    drafted: Acceptance = field(init=False)  # the drafter's drafts
+    looked_up: Acceptance = field(init=False)  # prompt lookup's drafts (`plan`)
+    verify_cost: CostCurve = field(default_factory=CostCurve)  # seconds by n * (k + 1)
+    fixed_cost: LineFit = field(default_factory=LineFit)  # seconds against n
+    banked_s: float = 0.0  # predicted seconds of the cycles since the last exploration
+    probes: int = 0  # explorations so far
+
+    def __post_init__(self) -> None:
+        self.drafted = Acceptance(self.block)
+        self.looked_up = Acceptance(self.block)
+
+    def choose(self, rows: int, exploring_allowed: bool = True) -> int:
+        """k for the next cycle of `rows` sequences, all drafted by the drafter."""
+        return self.plan([0] * rows, exploring_allowed).k
+
+    def plan(self, found: list[int], exploring_allowed: bool = True) -> Plan:
+        """The next cycle of len(found) sequences, where found[r] is the length of row r's
+        prompt-lookup draft (0: none, or lookup not allowed for it)."""
+        rows = len(found)
+        if self.verify_cost.weight == 0:
+            return Plan(self.block)
+        reach = self.drafted.reach()
+        committed = list(accumulate(reach))  # [B + 1]: tokens a k-cycle commits per row
+        rates = [rows * committed[k] / max(self.cost(rows, k), 1e-9) for k in range(self.block + 1)]
+        best_k = max(range(self.block + 1), key=rates.__getitem__)  # the first of equals
+        lookup = self._lookup_plan(found, committed)
+        if lookup is not None and lookup[0] > rates[best_k]:
+            self.banked_s += lookup[1]
+            return lookup[2]
+        self.banked_s += self.cost(rows, best_k)
+        probe = self._probe(best_k, reach)
+        if probe is None or not exploring_allowed:
+            return Plan(best_k)
+        lost_s = self.cost(rows, probe) - rows * committed[probe] / rates[best_k]
+        if lost_s > EXPLORE_SHARE * self.banked_s:
+            return Plan(best_k)
+        self.banked_s = 0.0
+        self.probes += 1
+        return Plan(probe)
+
+    def _lookup_plan(
+        self, found: list[int], committed: list[float]
+    ) -> tuple[float, float, Plan] | None:
+        """The best cycle that verifies the rows' lookup drafts, as (tokens a second, predicted
+        seconds, plan): the other rows drafting, or stepping plain. None if no row has one."""
+        hits = frozenset(row for row, length in enumerate(found) if length)
+        if not hits:
+            return None
+        mine = list(accumulate(self.looked_up.reach()))  # [B + 1]
+        rest = len(found) - len(hits)
+        best: tuple[float, float, Plan] | None = None
+        for drafting in (False, True) if rest else (False,):
+            for k in range(1, self.block + 1):
+                tokens = sum(mine[min(k, found[row])] for row in hits)
+                tokens += rest * (committed[k] if drafting else 1.0)
+                seconds = self.verify_cost(len(found) * (k + 1))
+                seconds += self.fixed_cost(rest) if drafting else 0.0
+                rate = tokens / max(seconds, 1e-9)
+                if best is None or rate > best[0]:
+                    best = (rate, seconds, Plan(k, hits, drafting))
+        return best
+
+    def _probe(self, best_k: int, reach: list[float]) -> int | None:
+        """The k the next exploration tries: deeper and plain in turns (module docstring)."""
+        deep = sum(1 for chance in reach[: self.block] if chance >= REACH_FLOOR)
+        turns = [k for k in (min(self.block, max(best_k + 1, deep)), 0) if k != best_k]
+        return turns[self.probes % len(turns)] if turns else None
 
     def start_from(self, seconds: dict[int, float]) -> None:
         """Seeds the verify-cost fit with measured forwards: tokens in the forward -> seconds."""
@@ -194,17 +269,14 @@ class VerifyPlanner:
         fixed_s: float,
         verify_s: float,
     ) -> None:
-        """One cycle: k verified per row, `accepted` drafted tokens kept per row, and the
-        seconds spent drafting and correcting (0 when k is 0) and verifying."""
+        """One cycle of `rows` sequences: k verified per row, `accepted` drafted tokens kept per
+        row the drafter drafted for, and the seconds spent drafting and correcting for them (0
+        when k is 0 or none drafted) and verifying."""
         self.observe_acceptance(k, accepted)
         self.verify_cost.add(rows * (k + 1), verify_s)
-        if k:
-            self.fixed_cost.add(rows, fixed_s)
+        if k and accepted:
+            self.fixed_cost.add(len(accepted), fixed_s)
 
     def observe_acceptance(self, k: int, accepted: list[int]) -> None:
-        """k drafted tokens verified per row, of which `accepted` held per row."""
-        for p in range(k):
-            reached = sum(1 for a in accepted if a >= p)  # rows whose slots 0..p-1 held
-            kept = sum(1 for a in accepted if a > p)
-            self.trials[p] = DECAY * self.trials[p] + reached
-            self.hits[p] = DECAY * self.hits[p] + kept
+        """k drafter tokens verified per row, of which `accepted` held per row."""
+        self.drafted.observe([(held, k) for held in accepted])
