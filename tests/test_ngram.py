@@ -1,4 +1,12 @@
-from dcoco.spec.ngram import lookup
+import random
+
+from dcoco.spec.ngram import MAX_N, MIN_N, NgramIndex
+
+
+def lookup(tokens: list[int], k: int) -> list[int]:
+    index = NgramIndex()
+    index.extend(tokens)
+    return index.draft(k)
 
 
 def test_the_latest_match_of_the_longest_suffix_is_continued() -> None:
@@ -22,3 +30,31 @@ def test_nothing_is_drafted_without_a_match_of_two_tokens() -> None:
 
 def test_a_repeated_token_run_drafts_more_of_it() -> None:
     assert lookup([7] * 6, 3) == [7, 7]  # the latest earlier match has two successors left
+
+
+def searched(tokens: list[int], k: int) -> list[int]:
+    """The rule in the module's docstring, by searching the whole list."""
+    for n in range(min(MAX_N, len(tokens) - 1), MIN_N - 1, -1):
+        suffix = tokens[-n:]
+        starts = [s for s in range(n, len(tokens)) if tokens[s - n : s] == suffix]
+        if starts:
+            whole = [s for s in starts if s + k <= len(tokens)]
+            start = whole[-1] if whole else starts[0]
+            return tokens[start : start + k]
+    return []
+
+
+def test_the_index_drafts_what_a_search_of_the_whole_context_does() -> None:
+    """A small vocabulary repeats itself often; the index is extended a few tokens at a time,
+    as a sequence's committed tokens extend it."""
+    rng = random.Random(0)
+    for _ in range(50):
+        tokens = [rng.randrange(4) for _ in range(rng.randrange(1, 60))]
+        index = NgramIndex()
+        done = 0
+        while done < len(tokens):
+            step = rng.randrange(1, 5)
+            index.extend(tokens[done : done + step])
+            done = min(len(tokens), done + step)
+            for k in (1, 3, 15):
+                assert index.draft(k) == searched(tokens[:done], k)

@@ -31,7 +31,6 @@ from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams
 from dcoco.shared.stats import CycleStats, SpecStats
 from dcoco.spec.drafter import DFlashDrafter
-from dcoco.spec.ngram import lookup
 from dcoco.spec.planner import Plan, VerifyPlanner
 from dcoco.spec.verify import sample, target_probs, verify
 
@@ -302,9 +301,7 @@ class Engine:
             if seqs[row].mode.needs_drafter and plan.drafting and row not in plan.looked_up
         ]
         looked_up = {
-            row: lookup(seqs[row].prompt_ids + seqs[row].output_ids, k)
-            for row in speculating
-            if seqs[row].mode is Mode.NGRAM
+            row: seqs[row].lookup(k) for row in speculating if seqs[row].mode is Mode.NGRAM
         } | {row: shadow[row][:k] for row in plan.looked_up}
         if not drafting and not plan.looked_up:  # verify no wider than the longest lookup
             k = max((len(found) for found in looked_up.values()), default=0)
@@ -420,9 +417,7 @@ class Engine:
         if self.planner is None or not self.cfg.lookup:
             return {}
         drafts = {
-            row: lookup(seq.prompt_ids + seq.output_ids, self.block)
-            for row, seq in enumerate(seqs)
-            if seq.mode.needs_drafter
+            row: seq.lookup(self.block) for row, seq in enumerate(seqs) if seq.mode.needs_drafter
         }
         return {row: draft for row, draft in drafts.items() if draft}
 

@@ -7,6 +7,7 @@ import torch
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
 from dcoco.shared.stats import SpecStats
+from dcoco.spec.ngram import NgramIndex
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Sequence:
     sample_key: int = 0  # keys the uniforms of its sampled tokens (`engine/uniforms.py`)
     mode: Mode = Mode.VANILLA  # how its cycles draft: the request's speculation
     pending_context: list[torch.Tensor] = field(default_factory=list)  # [T, F] chunks, in order
+    ngrams: NgramIndex | None = None  # for prompt lookup, built on the first (`lookup`)
 
     @property
     def pending_positions(self) -> int:
@@ -50,6 +52,15 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def lookup(self, k: int) -> list[int]:
+        """Its prompt-lookup draft of up to k tokens (`spec/ngram.py`); the index behind it is
+        kept and extended by the tokens committed since the last lookup."""
+        if self.ngrams is None:
+            self.ngrams = NgramIndex()
+        seen, prompt = len(self.ngrams.tokens), len(self.prompt_ids)
+        self.ngrams.extend(self.prompt_ids[seen:] + self.output_ids[max(0, seen - prompt) :])
+        return self.ngrams.draft(k)
 
     def append(self, tokens: list[int]) -> list[int]:
         """Adds committed tokens up to the first stop condition; returns those kept."""
