@@ -98,6 +98,24 @@ def pip(bin_dir: Path, *args: str, cwd: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def layered(bin_dir: Path, base: Path) -> None:
+    """Makes the venv at `bin_dir` see the packages of the one at `base` (a .pth file), as an
+    image sees the layers of the stage it is built FROM."""
+    below = run(base, "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    purelib = run(bin_dir, "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    (Path(purelib.strip()) / "base_image.pth").write_text(below.strip() + "\n")
+
+
+@pytest.fixture(scope="module")
+def torch_stage(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The CPU worker image's `torch` stage, which its convert stage and the image itself are
+    built FROM: torch alone (the Dockerfile takes it from the CPU index)."""
+    folder = tmp_path_factory.mktemp("torch-stage")
+    bin_dir = fresh_venv(folder)
+    pip(bin_dir, "torch==2.13.0", cwd=folder)
+    return bin_dir
+
+
 def run(bin_dir: Path, code: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
@@ -121,11 +139,9 @@ def test_the_gateway_image_installs_no_torch(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_cpu_worker_image_installs_the_torch_engine(tmp_path: Path) -> None:
+def test_the_cpu_worker_image_installs_the_torch_engine(tmp_path: Path, torch_stage: Path) -> None:
     bin_dir = fresh_venv(tmp_path)
-    pip(
-        bin_dir, "torch==2.13.0", cwd=tmp_path / "src"
-    )  # the Dockerfile takes it from the CPU index
+    layered(bin_dir, torch_stage)
     pip(bin_dir, ".[engine,serve]", cwd=tmp_path / "src")
     out = run(
         bin_dir,
@@ -139,10 +155,12 @@ def test_the_cpu_worker_image_installs_the_torch_engine(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_cpu_worker_images_convert_stage_runs_the_cli(tmp_path: Path) -> None:
+def test_the_cpu_worker_images_convert_stage_runs_the_cli(
+    tmp_path: Path, torch_stage: Path
+) -> None:
     """The stage that converts the default target installs the engine and train extras only."""
     bin_dir = fresh_venv(tmp_path)
-    pip(bin_dir, "torch==2.13.0", cwd=tmp_path / "src")
+    layered(bin_dir, torch_stage)
     pip(bin_dir, ".[engine,train]", cwd=tmp_path / "src")
     out = run(
         bin_dir,
@@ -158,11 +176,7 @@ def test_the_vllm_image_adds_the_plugin_without_another_torch(tmp_path: Path) ->
     """The base image's packages are stood in for by vLLM's venv, seen through a .pth file."""
     require_vllm()
     bin_dir = fresh_venv(tmp_path)
-    base = run(
-        Path(VLLM_PYTHON).parent, "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-    )
-    purelib = run(bin_dir, "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-    (Path(purelib.strip()) / "base_image.pth").write_text(base.strip() + "\n")
+    layered(bin_dir, Path(VLLM_PYTHON).parent)
     before = run(bin_dir, "import torch; print(torch.__version__)")
     pip(bin_dir, ".[serve]", cwd=tmp_path / "src")
     assert run(bin_dir, "import torch; print(torch.__version__)") == before
