@@ -6,7 +6,7 @@ from dcoco.spec.ngram import MAX_N, MIN_N, NgramIndex
 def lookup(tokens: list[int], k: int) -> list[int]:
     index = NgramIndex()
     index.extend(tokens)
-    return index.draft(k)
+    return index.draft(k).tokens
 
 
 def test_the_latest_match_of_the_longest_suffix_is_continued() -> None:
@@ -57,4 +57,12 @@ def test_the_index_drafts_what_a_search_of_the_whole_context_does() -> None:
             index.extend(tokens[done : done + step])
             done = min(len(tokens), done + step)
             for k in (1, 3, 15):
-                assert index.draft(k) == searched(tokens[:done], k)
+                assert index.draft(k).tokens == searched(tokens[:done], k)
+
+
+def test_a_draft_names_the_length_of_the_suffix_it_matched() -> None:
+    index = NgramIndex()
+    index.extend([1, 2, 3, 9, 9, 5, 2, 3, 7, 8, 4, 1, 2, 3])
+    assert index.draft(3).n == 3  # [1, 2, 3]
+    index.extend([6])
+    assert index.draft(3) == ([], 0)

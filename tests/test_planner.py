@@ -189,34 +189,44 @@ def lookup_trained(planner: VerifyPlanner, drafted: int, looked_up: int) -> None
     0.020 s plus 0.002 s a token, drafting 0.010 s."""
     for k in (planner.block, 1, planner.block // 2) * 20:
         planner.observe(1, k, [min(drafted, k)], 0.010, 0.020 + 0.002 * (k + 1))
-        planner.looked_up.observe([(looked_up, min(looked_up + 1, planner.block))])
+        planner.observe_lookups([(4, looked_up, min(looked_up + 1, planner.block))])
 
 
 def test_a_row_whose_lookup_draft_holds_verifies_it_and_skips_the_drafter() -> None:
     planner = VerifyPlanner(block=8)
     lookup_trained(planner, drafted=1, looked_up=6)
-    plan = planner.plan([8], exploring_allowed=False)
+    plan = planner.plan([(8, 4)], exploring_allowed=False)
     assert plan.looked_up == {0}
     assert not plan.drafting
     assert 5 <= plan.k <= 8
-    assert planner.plan([0], exploring_allowed=False) == Plan(planner.choose(1, False))
+    assert planner.plan([(0, 0)], exploring_allowed=False) == Plan(planner.choose(1, False))
 
 
 def test_lookup_drafts_that_seldom_hold_are_left_unverified() -> None:
     planner = VerifyPlanner(block=8)
     lookup_trained(planner, drafted=4, looked_up=0)
-    assert planner.plan([8], exploring_allowed=False) == Plan(4)
+    assert planner.plan([(8, 4)], exploring_allowed=False) == Plan(4)
+
+
+def test_what_a_match_length_has_shown_steers_its_own_drafts() -> None:
+    """4-token matches have held six slots, 2-token ones none: only the first are verified."""
+    planner = VerifyPlanner(block=8)
+    lookup_trained(planner, drafted=1, looked_up=6)
+    for _ in range(60):
+        planner.observe_lookups([(2, 0, 1)])
+    assert planner.plan([(8, 4)], exploring_allowed=False).looked_up == {0}
+    assert planner.plan([(8, 2)], exploring_allowed=False).looked_up == frozenset()
 
 
 def test_rows_without_a_lookup_draft_draft_when_drafting_pays() -> None:
     planner = VerifyPlanner(block=8)
     lookup_trained(planner, drafted=4, looked_up=8)
-    plan = planner.plan([8, 0], exploring_allowed=False)
+    plan = planner.plan([(8, 4), (0, 0)], exploring_allowed=False)
     assert plan.looked_up == {0}
     assert plan.drafting
     planner = VerifyPlanner(block=8)
     lookup_trained(planner, drafted=0, looked_up=8)
-    plan = planner.plan([8, 0], exploring_allowed=False)
+    plan = planner.plan([(8, 4), (0, 0)], exploring_allowed=False)
     assert plan.looked_up == {0}
     assert not plan.drafting
 
@@ -236,7 +246,7 @@ def test_with_lookup_greedy_output_is_token_for_token_the_targets(
     plans: list[Plan] = []
     plan = eng.planner.plan
 
-    def record(found: list[int], exploring_allowed: bool = True) -> Plan:
+    def record(found: list[tuple[int, int]], exploring_allowed: bool = True) -> Plan:
         plans.append(plan(found, exploring_allowed))
         return plans[-1]
 
@@ -246,7 +256,7 @@ def test_with_lookup_greedy_output_is_token_for_token_the_targets(
         for completion, prompt in zip(completions, batch, strict=True):
             assert completion.token_ids == greedy_reference(target, prompt, 40)
     assert any(p.looked_up and p.k for p in plans)
-    assert eng.planner.looked_up.trials[0] > 4 * 4  # learnt from many cycles
+    assert sum(seen.trials[0] for seen in eng.planner.looked_up.values()) > 4 * 4 * 3  # learnt
 
 
 def test_adaptive_greedy_output_is_token_for_token_the_targets(pair: Pair) -> None:

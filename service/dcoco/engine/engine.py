@@ -31,6 +31,7 @@ from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams
 from dcoco.shared.stats import CycleStats, SpecStats
 from dcoco.spec.drafter import DFlashDrafter
+from dcoco.spec.ngram import Draft
 from dcoco.spec.planner import Plan, VerifyPlanner
 from dcoco.spec.verify import sample, target_probs, verify
 
@@ -301,8 +302,8 @@ class Engine:
             if seqs[row].mode.needs_drafter and plan.drafting and row not in plan.looked_up
         ]
         looked_up = {
-            row: seqs[row].lookup(k) for row in speculating if seqs[row].mode is Mode.NGRAM
-        } | {row: shadow[row][:k] for row in plan.looked_up}
+            row: seqs[row].lookup(k).tokens for row in speculating if seqs[row].mode is Mode.NGRAM
+        } | {row: shadow[row].tokens[:k] for row in plan.looked_up}
         if not drafting and not plan.looked_up:  # verify no wider than the longest lookup
             k = max((len(found) for found in looked_up.values()), default=0)
         committed_before = [len(s.output_ids) for s in seqs]
@@ -403,15 +404,17 @@ class Engine:
         # Rejected: what the output did not use of the draft, as `usage` counts it.
         report(seq, kept, result, provenance(held, chosen), tuple(drafted[used:k]))
 
-    def _plan(self, seqs: list[Sequence], shadow: dict[int, list[int]]) -> Plan:
+    def _plan(self, seqs: list[Sequence], shadow: dict[int, Draft]) -> Plan:
         """How many drafted tokens this cycle verifies, all B unless adaptive, and which rows
         verify their lookup draft (`shadow`) instead of the drafter's. Any prefix of either is
         safe for seeded requests too: their output does not depend on it (`engine/uniforms.py`)."""
         if self.planner is None:
             return Plan(self.block)
-        return self.planner.plan([len(shadow.get(row, ())) for row in range(len(seqs))])
+        none = Draft([], 0)
+        found = [shadow.get(row, none) for row in range(len(seqs))]
+        return self.planner.plan([(len(draft.tokens), draft.n) for draft in found])
 
-    def _lookups(self, seqs: list[Sequence]) -> dict[int, list[int]]:
+    def _lookups(self, seqs: list[Sequence]) -> dict[int, Draft]:
         """Each drafter row's prompt-lookup draft of up to B tokens, where the engine lets the
         planner weigh them (`cfg.lookup`); rows without a match are left out."""
         if self.planner is None or not self.cfg.lookup:
@@ -419,24 +422,24 @@ class Engine:
         drafts = {
             row: seq.lookup(self.block) for row, seq in enumerate(seqs) if seq.mode.needs_drafter
         }
-        return {row: draft for row, draft in drafts.items() if draft}
+        return {row: draft for row, draft in drafts.items() if draft.tokens}
 
     def _observe_lookups(
-        self, seqs: list[Sequence], shadow: dict[int, list[int]], before: list[int]
+        self, seqs: list[Sequence], shadow: dict[int, Draft], before: list[int]
     ) -> None:
         """Teaches the planner the lookup drafts' acceptance from what each row committed this
         cycle (its output beyond `before`), whether or not they were verified (`spec/planner`)."""
         if self.planner is None or not shadow:
             return
         outcomes = []
-        for row, draft in shadow.items():
+        for row, (draft, n) in shadow.items():
             committed = seqs[row].output_ids[before[row] :]
             held = next(
                 (p for p, (a, b) in enumerate(zip(draft, committed, strict=False)) if a != b),
                 min(len(draft), len(committed)),
             )
-            outcomes.append((held, min(len(draft), len(committed), held + 1)))
-        self.planner.looked_up.observe(outcomes)
+            outcomes.append((n, held, min(len(draft), len(committed), held + 1)))
+        self.planner.observe_lookups(outcomes)
 
     def _observe(
         self, seqs: list[Sequence], k: int, accepted: list[int], fixed_s: float, verify_s: float

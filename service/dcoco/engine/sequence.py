@@ -7,7 +7,7 @@ import torch
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
 from dcoco.shared.stats import SpecStats
-from dcoco.spec.ngram import NgramIndex
+from dcoco.spec.ngram import Draft, NgramIndex
 
 
 @dataclass
@@ -53,7 +53,7 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def lookup(self, k: int) -> list[int]:
+    def lookup(self, k: int) -> Draft:
         """Its prompt-lookup draft of up to k tokens (`spec/ngram.py`); the index behind it is
         kept and extended by the tokens committed since the last lookup."""
         if self.ngrams is None:

@@ -32,8 +32,9 @@ time at most. The estimates are per engine, one model.
 Prompt lookup (`plan`): a row whose recent tokens recur earlier in its context has a second
 draft that costs nothing to make, the tokens that followed them (`spec/ngram.py`). Where the
 engine allows it, each cycle also weighs verifying those drafts, for the rows that have one,
-with the drafter skipped or run for the other rows only. Their acceptance by slot is a second
-estimate, learnt every cycle whatever was verified: a lookup draft's slot p would have been
+with the drafter skipped or run for the other rows only. Their acceptance by slot is estimated
+apart for each length of the matched suffix (a 4-token match holds far more often than a
+2-token one), learnt every cycle whatever was verified: a lookup draft's slot p would have been
 accepted exactly when the target's committed token there equals it (for a sampled row, with
 the chance the target gives that token, the chance a verification accepts it), so comparing
 the draft with what the cycle committed observes it without verifying it.
@@ -41,6 +42,8 @@ the draft with what the cycle committed observes it without verifying it.
 
 from dataclasses import dataclass, field
 from itertools import accumulate
+
+from dcoco.spec.ngram import MAX_N, MIN_N
 
 DECAY = 0.98  # weight of the past per observation: estimates follow the last ~50 cycles
 EXPLORE_SHARE = 0.02  # of the time, at most, lost to trying another k than the best
@@ -185,7 +188,7 @@ class Plan:
 class VerifyPlanner:
     block: int  # B
     drafted: Acceptance = field(init=False)  # the drafter's drafts
-    looked_up: Acceptance = field(init=False)  # prompt lookup's drafts (`plan`)
+    looked_up: dict[int, Acceptance] = field(init=False)  # lookup drafts by match length n
     verify_cost: CostCurve = field(default_factory=CostCurve)  # seconds by n * (k + 1)
     fixed_cost: LineFit = field(default_factory=LineFit)  # seconds against n
     banked_s: float = 0.0  # predicted seconds of the cycles since the last exploration
@@ -193,15 +196,16 @@ class VerifyPlanner:
 
     def __post_init__(self) -> None:
         self.drafted = Acceptance(self.block)
-        self.looked_up = Acceptance(self.block)
+        self.looked_up = {n: Acceptance(self.block) for n in range(MIN_N, MAX_N + 1)}
 
     def choose(self, rows: int, exploring_allowed: bool = True) -> int:
         """k for the next cycle of `rows` sequences, all drafted by the drafter."""
-        return self.plan([0] * rows, exploring_allowed).k
+        return self.plan([(0, 0)] * rows, exploring_allowed).k
 
-    def plan(self, found: list[int], exploring_allowed: bool = True) -> Plan:
-        """The next cycle of len(found) sequences, where found[r] is the length of row r's
-        prompt-lookup draft (0: none, or lookup not allowed for it)."""
+    def plan(self, found: list[tuple[int, int]], exploring_allowed: bool = True) -> Plan:
+        """The next cycle of len(found) sequences, where found[r] is row r's prompt-lookup
+        draft as (its length, the length n of the suffix it matched); (0, 0): none, or lookup
+        not allowed for the row."""
         rows = len(found)
         if self.verify_cost.weight == 0:
             return Plan(self.block)
@@ -225,19 +229,19 @@ class VerifyPlanner:
         return Plan(probe)
 
     def _lookup_plan(
-        self, found: list[int], committed: list[float]
+        self, found: list[tuple[int, int]], committed: list[float]
     ) -> tuple[float, float, Plan] | None:
         """The best cycle that verifies the rows' lookup drafts, as (tokens a second, predicted
         seconds, plan): the other rows drafting, or stepping plain. None if no row has one."""
-        hits = frozenset(row for row, length in enumerate(found) if length)
+        hits = frozenset(row for row, (length, _) in enumerate(found) if length)
         if not hits:
             return None
-        mine = list(accumulate(self.looked_up.reach()))  # [B + 1]
+        mine = {n: list(accumulate(seen.reach())) for n, seen in self.looked_up.items()}
         rest = len(found) - len(hits)
         best: tuple[float, float, Plan] | None = None
         for drafting in (False, True) if rest else (False,):
             for k in range(1, self.block + 1):
-                tokens = sum(mine[min(k, found[row])] for row in hits)
+                tokens = sum(mine[found[row][1]][min(k, found[row][0])] for row in hits)
                 tokens += rest * (committed[k] if drafting else 1.0)
                 seconds = self.verify_cost(len(found) * (k + 1))
                 seconds += self.fixed_cost(rest) if drafting else 0.0
@@ -276,6 +280,12 @@ class VerifyPlanner:
         self.verify_cost.add(rows * (k + 1), verify_s)
         if k and accepted:
             self.fixed_cost.add(len(accepted), fixed_s)
+
+    def observe_lookups(self, outcomes: list[tuple[int, int, int]]) -> None:
+        """Per row (n, accepted, known): its lookup draft, which matched n tokens, compared
+        with what the cycle committed (`Acceptance.observe`)."""
+        for n, seen in self.looked_up.items():
+            seen.observe([(held, known) for length, held, known in outcomes if length == n])
 
     def observe_acceptance(self, k: int, accepted: list[int]) -> None:
         """k drafter tokens verified per row, of which `accepted` held per row."""
