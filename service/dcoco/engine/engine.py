@@ -287,7 +287,8 @@ class Engine:
         self, seqs: list[Sequence], result: StepResult, prefilling: list[Sequence]
     ) -> list[CycleStats]:
         """Draft for the sequences that speculate (the drafter for DFlash and DCOCO, which the
-        corrector then re-selects; prompt lookup for n-gram), then verify every sequence: one
+        corrector then re-selects; prompt lookup for n-gram, and for the DFlash and DCOCO rows
+        the adaptive planner gives their lookup draft), then verify every sequence: one
         that drafted nothing verifies only its own next token. The prompts `prefilling` get
         their chunk in the plain step's forward when the cycle verifies nothing, else after
         the cycle in their own."""
