@@ -223,3 +223,12 @@ def test_the_installed_entry_point_reports_errors_without_a_traceback(tmp_path: 
     assert result.returncode == 1
     assert result.stderr.startswith("dcoco generate: error:")
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("name", ["DCOCO_LOOKUP", "DCOCO_ADAPTIVE"])
+def test_a_setting_that_is_not_a_boolean_stops_the_worker_with_one_line(
+    name: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(name, "maybe")
+    assert main(["worker"]) == 1
+    one_line(capsys.readouterr().err, "valid boolean")
