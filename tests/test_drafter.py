@@ -12,6 +12,7 @@ from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
 from dcoco.spec.drafter import DFlashDrafter, teacher_forced_blocks
+from dcoco.spec.planner import Plan
 from factories import greedy_reference
 
 
@@ -62,8 +63,8 @@ def test_context_deferred_through_plain_steps_drafts_the_same_block(
     cfg = EngineConfig(mode=Mode.DCOCO, max_batch_size=1, max_model_len=64, adaptive=True)
     eng = Engine(target, drafter, cfg)
     assert eng.planner is not None
-    plan = itertools.chain([0] * 6, itertools.repeat(eng.block))
-    monkeypatch.setattr(eng.planner, "choose", lambda rows, exploring_allowed=True: next(plan))
+    plans = itertools.chain([Plan(0)] * 6, itertools.repeat(Plan(eng.block)))
+    monkeypatch.setattr(eng.planner, "plan", lambda found, exploring_allowed=True: next(plans))
     eng.add_request("r", prompt, SamplingParams(max_tokens=20))
     output: list[int] = []
     with torch.no_grad():
