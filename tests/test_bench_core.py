@@ -17,9 +17,9 @@ def test_weight_bytes_count_what_decoding_reads() -> None:
     sizes = {
         p: weight_bytes(copy.deepcopy(target), p) for p in Precision if p is not Precision.AUTO
     }
-    if packed.supported():
+    if packed.supported() or packed.fbgemm_runs():  # bf16 values held in bf16 or fp16
         assert sizes[Precision.FP32] == 2 * sizes[Precision.BF16]
-    else:  # bf16 values held in fp32 where bf16 is emulated; only the norms stay bf16
+    else:  # in fp32 where bf16 is emulated without fbgemm; only the norms stay bf16
         assert sizes[Precision.BF16] < sizes[Precision.FP32] < 1.01 * sizes[Precision.BF16]
     # Quantized: the dense bf16 copies for wide forwards are not read when decoding.
     assert sizes[Precision.INT4] < sizes[Precision.INT8] < sizes[Precision.BF16]

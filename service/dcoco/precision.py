@@ -57,9 +57,9 @@ REPEATS = 3
 # one of two cores (`shared/contention.py`).
 QUIET_SHARE = 0.1
 # The engine's own kernels, part of every cache key: bumped when a change to them (bf16
-# weights packed for oneDNN: 2; dense copies in fp32 where bf16 is emulated: 3) makes earlier
-# measurements stale.
-KERNELS = 3
+# weights packed for oneDNN: 2; dense copies in fp32 where bf16 is emulated: 3; in fp16 for
+# fbgemm there: 4) makes earlier measurements stale.
+KERNELS = 4
 
 
 def current_precision(target: CausalLM) -> Precision:
@@ -74,7 +74,7 @@ def current_precision(target: CausalLM) -> Precision:
 
 def apply_precision(target: CausalLM, precision: Precision) -> None:
     """Readies the target for an engine in `precision`, in place: its projections fused
-    (`layers.fuse_linears`), then cast, and packed for oneDNN (bf16, `model/packed.py`) or
+    (`layers.fuse_linears`), then cast, and packed (bf16, `model/packed.py`) or
     quantized. Packing and quantizing are one way: such a target asked for another precision
     raises ValueError."""
     target.fuse_projections()

@@ -13,10 +13,10 @@ stays as it was, since lookups need whole rows.
 Both kernels are built for a few rows: from `dense_from` rows on (prefills, wide
 verifications) matmuls over the same weights, dequantized, are faster, so each linear also
 keeps them dequantized (a `Bf16Linear`: bf16 packed for oneDNN where it runs bf16 natively,
-fp32 where bf16 is emulated) and switches. Decoding reads only the quantized bytes; memory
-holds both. Where the switch pays depends on the CPU (with AMX a 16-row bf16 matmul costs what
-a 1-row one does) and on the kernel: engines measure it (`precision.dense_crossover`);
-DENSE_FROM is the default until then.
+fp16 for fbgemm or fp32 for oneDNN where bf16 is emulated) and switches. Decoding reads only
+the quantized bytes; memory holds both. Where the switch pays depends on the CPU (with AMX a
+16-row bf16 matmul costs what a 1-row one does) and on the kernel: engines measure it
+(`precision.dense_crossover`); DENSE_FROM is the default until then.
 """
 
 import torch
