@@ -235,6 +235,27 @@ def speculation() -> list[Panel]:
             ],
             unit="percentunit",
         ),
+        series(
+            "Drafts from prompt lookup",
+            "Share of drafted and of accepted tokens that came from prompt lookup rather than "
+            "the drafter: the adaptive planner verifies a row's lookup draft where it expects "
+            "more tokens a second from it (DCOCO_LOOKUP).",
+            [
+                query(
+                    ratio("dcoco_spec_lookup_draft_tokens_total", "dcoco_spec_draft_tokens_total"),
+                    "{{model}} drafted",
+                ),
+                query(
+                    ratio(
+                        "dcoco_spec_lookup_accepted_tokens_total",
+                        "dcoco_spec_accepted_tokens_total",
+                    ),
+                    "{{model}} accepted",
+                    "B",
+                ),
+            ],
+            unit="percentunit",
+        ),
     ]
 
 

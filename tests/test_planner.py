@@ -12,6 +12,7 @@ from dcoco.model.causal_lm import CausalLM
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Mode
 from dcoco.shared.sampling import SamplingParams
+from dcoco.shared.stats import CycleStats
 from dcoco.spec.drafter import DFlashDrafter
 from dcoco.spec.planner import EXPLORE_SHARE, Acceptance, CostCurve, LineFit, Plan, VerifyPlanner
 from factories import greedy_reference, make_drafter
@@ -231,6 +232,19 @@ def test_rows_without_a_lookup_draft_draft_when_drafting_pays() -> None:
     assert not plan.drafting
 
 
+def test_a_row_whose_lookup_draft_is_weaker_than_the_drafter_s_drafts_instead() -> None:
+    """Two rows with lookup drafts: a 4-token match (holds six slots) and a 2-token one (holds
+    none), where the drafter holds four: the first verifies its lookup draft, the second the
+    drafter's."""
+    planner = VerifyPlanner(block=8)
+    lookup_trained(planner, drafted=4, looked_up=6)
+    for _ in range(60):
+        planner.observe_lookups([(2, 0, 1)])
+    plan = planner.plan([(8, 4), (8, 2)], exploring_allowed=False)
+    assert plan.looked_up == {0}
+    assert plan.drafting
+
+
 def test_with_lookup_greedy_output_is_token_for_token_the_targets(
     pair: Pair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -251,11 +265,17 @@ def test_with_lookup_greedy_output_is_token_for_token_the_targets(
         return plans[-1]
 
     monkeypatch.setattr(eng.planner, "plan", record)
+    total = CycleStats()
     for batch in (PROMPTS, PROMPTS[:1]):
-        completions, _ = eng.generate(batch, SamplingParams(max_tokens=40))
+        completions, cycles = eng.generate(batch, SamplingParams(max_tokens=40))
         for completion, prompt in zip(completions, batch, strict=True):
             assert completion.token_ids == greedy_reference(target, prompt, 40)
+        for cycle in cycles:
+            total.add(cycle)
     assert any(p.looked_up and p.k for p in plans)
+    # The counters behind dcoco_spec_lookup_*_tokens_total: lookup drafts are a part of all.
+    assert 0 < total.lookup_accepted_tokens <= total.lookup_draft_tokens <= total.draft_tokens
+    assert total.lookup_accepted_tokens <= total.accepted_tokens
     assert sum(seen.trials[0] for seen in eng.planner.looked_up.values()) > 4 * 4 * 3  # learnt
 
 

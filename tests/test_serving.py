@@ -309,6 +309,8 @@ WORKER_METRICS = [
     "dcoco_spec_accepted_tokens_per_position_total",
     "dcoco_spec_corrected_tokens_total",
     "dcoco_spec_corrected_accepted_tokens_total",
+    "dcoco_spec_lookup_draft_tokens_total",
+    "dcoco_spec_lookup_accepted_tokens_total",
     "dcoco_spec_acceptance_length",
     "dcoco_spec_cycle_seconds",
     "dcoco_queue_wait_seconds",

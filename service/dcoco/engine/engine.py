@@ -346,9 +346,9 @@ class Engine:
         ]  # [N]
         self.runner.defer_context(seqs, context, [held + 1 for held in accepted])
         rows = zip(seqs, accepted, proposed, chosen, verdict.tokens.tolist(), strict=True)
-        for seq, held, mine, index, tokens in rows:
+        for row, (seq, held, mine, index, tokens) in enumerate(rows):
             seq.num_cached += held + 1
-            self._cycle_row(seq, book, result, held, index, mine, tokens)
+            self._cycle_row(seq, book, result, held, index, mine, tokens, row in looked_up)
         by_drafter = [row for row in speculating if row not in plan.looked_up]
         self._observe(seqs, k, [accepted[row] for row in by_drafter], t2 - t0 - deferred_s, t3 - t2)
         self._observe_lookups(seqs, shadow, committed_before)
@@ -380,9 +380,11 @@ class Engine:
         chosen: list[int],
         drafted: list[int],
         tokens: list[int],
+        looked_up: bool,
     ) -> None:
         """One sequence's part of a cycle: `held` of its k drafted tokens accepted (`chosen`:
-        their candidate index per slot), then the target's token (`tokens[held]`)."""
+        their candidate index per slot; `looked_up`: drafted by prompt lookup), then the
+        target's token (`tokens[held]`)."""
         k = len(drafted)
         overridden = [i != 0 for i in chosen]  # [k] re-selected by the corrector
         verdict_row = SpecStats(
@@ -392,6 +394,8 @@ class Engine:
             accepted_per_position=[int(p < held) for p in range(self.block)],
             corrected_tokens=sum(overridden),
             corrected_accepted_tokens=sum(overridden[:held]),
+            lookup_draft_tokens=k if looked_up else 0,
+            lookup_accepted_tokens=held if looked_up else 0,
         )
         kept = seq.append(tokens[: held + 1])
         used = min(held, len(kept))  # a stop or the length limit may cut the cycle short
@@ -400,6 +404,7 @@ class Engine:
             accepted_tokens=used,
             accepted_per_position=[int(p < used) for p in range(self.block)],
             corrected_accepted_tokens=sum(overridden[:used]),
+            lookup_accepted_tokens=used if looked_up else 0,
         )
         book.record(seq, verdict_row, held + 1, output_row)
         # Rejected: what the output did not use of the draft, as `usage` counts it.

@@ -19,6 +19,8 @@ class SpecStats:
     accepted_per_position: list[int] = field(default_factory=list)  # [B] accepted at each slot
     corrected_tokens: int = 0  # drafted tokens whose candidate was not the top-1
     corrected_accepted_tokens: int = 0  # of those, accepted
+    lookup_draft_tokens: int = 0  # drafted tokens that came from prompt lookup, not a drafter
+    lookup_accepted_tokens: int = 0  # of those, accepted
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
 
     @property
@@ -40,6 +42,8 @@ class SpecStats:
         self.accepted_per_position = [a + b for a, b in zip(mine, theirs, strict=True)]
         self.corrected_tokens += other.corrected_tokens
         self.corrected_accepted_tokens += other.corrected_accepted_tokens
+        self.lookup_draft_tokens += other.lookup_draft_tokens
+        self.lookup_accepted_tokens += other.lookup_accepted_tokens
         for phase, value in other.seconds.items():
             self.seconds[phase] = self.seconds.get(phase, 0.0) + value
 
@@ -52,6 +56,8 @@ class SpecStats:
             "accepted_per_position": self.accepted_per_position,
             "corrected_tokens": self.corrected_tokens,
             "corrected_accepted_tokens": self.corrected_accepted_tokens,
+            "lookup_draft_tokens": self.lookup_draft_tokens,
+            "lookup_accepted_tokens": self.lookup_accepted_tokens,
             "seconds": {k: round(v, 6) for k, v in self.seconds.items()},
         }
 

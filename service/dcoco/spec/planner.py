@@ -32,7 +32,8 @@ time at most. The estimates are per engine, one model.
 Prompt lookup (`plan`): a row whose recent tokens recur earlier in its context has a second
 draft that costs nothing to make, the tokens that followed them (`spec/ngram.py`). Where the
 engine allows it, each cycle also weighs verifying those drafts, for the rows that have one,
-with the drafter skipped or run for the other rows only. Their acceptance by slot is estimated
+with the drafter skipped, or run for the other rows only: those without one, and those whose
+lookup draft is expected to commit fewer tokens than the drafter's. Their acceptance by slot is estimated
 apart for each length of the matched suffix (a 4-token match holds far more often than a
 2-token one), learnt every cycle whatever was verified: a lookup draft's slot p would have been
 accepted exactly when the target's committed token there equals it (for a sampled row, with
@@ -231,23 +232,29 @@ class VerifyPlanner:
     def _lookup_plan(
         self, found: list[tuple[int, int]], committed: list[float]
     ) -> tuple[float, float, Plan] | None:
-        """The best cycle that verifies the rows' lookup drafts, as (tokens a second, predicted
-        seconds, plan): the other rows drafting, or stepping plain. None if no row has one."""
+        """The best cycle that verifies some rows' lookup drafts, as (tokens a second,
+        predicted seconds, plan): every row with one verifying it, the others stepping plain;
+        or the drafter drafting for the rows whose lookup draft is expected to commit less than
+        its own would (and those without one). None if no row has a lookup draft."""
         hits = frozenset(row for row, (length, _) in enumerate(found) if length)
         if not hits:
             return None
         mine = {n: list(accumulate(seen.reach())) for n, seen in self.looked_up.items()}
-        rest = len(found) - len(hits)
         best: tuple[float, float, Plan] | None = None
-        for drafting in (False, True) if rest else (False,):
+        for drafting in (False, True):
             for k in range(1, self.block + 1):
-                tokens = sum(mine[found[row][1]][min(k, found[row][0])] for row in hits)
-                tokens += rest * (committed[k] if drafting else 1.0)
+                expected = {row: mine[found[row][1]][min(k, found[row][0])] for row in hits}
+                if drafting:
+                    expected = {row: t for row, t in expected.items() if t > committed[k]}
+                rest = len(found) - len(expected)
+                if drafting and not rest:
+                    continue  # nothing to draft for: the plan without the drafter
+                tokens = sum(expected.values()) + rest * (committed[k] if drafting else 1.0)
                 seconds = self.verify_cost(len(found) * (k + 1))
                 seconds += self.fixed_cost(rest) if drafting else 0.0
                 rate = tokens / max(seconds, 1e-9)
                 if best is None or rate > best[0]:
-                    best = (rate, seconds, Plan(k, hits, drafting))
+                    best = (rate, seconds, Plan(k, frozenset(expected), drafting))
         return best
 
     def _probe(self, best_k: int, reach: list[float]) -> int | None:

@@ -12,6 +12,10 @@ Useful PromQL (all series carry `model`):
     share of accepted tokens the corrector rescued:
         rate(dcoco_spec_corrected_accepted_tokens_total[5m])
           / rate(dcoco_spec_accepted_tokens_total[5m])
+    share of drafted tokens that came from prompt lookup (DCOCO_LOOKUP), and their acceptance:
+        rate(dcoco_spec_lookup_draft_tokens_total[5m]) / rate(dcoco_spec_draft_tokens_total[5m])
+        rate(dcoco_spec_lookup_accepted_tokens_total[5m])
+          / rate(dcoco_spec_lookup_draft_tokens_total[5m])
     p99 cycle time:
         histogram_quantile(0.99,
           sum by (le) (rate(dcoco_spec_cycle_seconds_bucket{phase="total"}[5m])))
@@ -125,6 +129,18 @@ class WorkerMetrics:
             spec,
             registry=registry,
         )
+        self.lookup_draft_tokens = Counter(
+            "dcoco_spec_lookup_draft_tokens",
+            "Drafted tokens that came from prompt lookup rather than a drafter",
+            spec,
+            registry=registry,
+        )
+        self.lookup_accepted_tokens = Counter(
+            "dcoco_spec_lookup_accepted_tokens",
+            "Prompt-lookup drafted tokens the verifier accepted",
+            spec,
+            registry=registry,
+        )
         self.acceptance_length = Histogram(
             "dcoco_spec_acceptance_length",
             "Tokens committed per cycle, bonus included",
@@ -218,6 +234,8 @@ class WorkerMetrics:
             self.accepted_per_position.labels(model, method, str(position)).inc(count)
         self.corrected_tokens.labels(model, method).inc(cycle.corrected_tokens)
         self.corrected_accepted_tokens.labels(model, method).inc(cycle.corrected_accepted_tokens)
+        self.lookup_draft_tokens.labels(model, method).inc(cycle.lookup_draft_tokens)
+        self.lookup_accepted_tokens.labels(model, method).inc(cycle.lookup_accepted_tokens)
         histogram = self.acceptance_length.labels(model, method)
         for length in cycle.accepted_lengths:
             histogram.observe(length)
