@@ -33,12 +33,12 @@ Prompt lookup (`plan`): a row whose recent tokens recur earlier in its context h
 draft that costs nothing to make, the tokens that followed them (`spec/ngram.py`). Where the
 engine allows it, each cycle also weighs verifying those drafts, for the rows that have one,
 with the drafter skipped, or run for the other rows only: those without one, and those whose
-lookup draft is expected to commit fewer tokens than the drafter's. Their acceptance by slot is estimated
-apart for each length of the matched suffix (a 4-token match holds far more often than a
-2-token one), learnt every cycle whatever was verified: a lookup draft's slot p would have been
-accepted exactly when the target's committed token there equals it (for a sampled row, with
-the chance the target gives that token, the chance a verification accepts it), so comparing
-the draft with what the cycle committed observes it without verifying it.
+lookup draft is expected to commit fewer tokens than the drafter's. Their acceptance by slot
+is estimated apart for each length of the matched suffix (a 4-token match holds far more
+often than a 2-token one), learnt every cycle whatever was verified: a lookup draft's slot p
+would have been accepted exactly when the target's committed token there equals it (for a
+sampled row, with the chance the target gives that token, the chance a verification accepts
+it), so comparing the draft with what the cycle committed observes it without verifying it.
 """
 
 from dataclasses import dataclass, field
