@@ -61,7 +61,7 @@ def test_the_weight_holds_the_bf16_values_in_the_kernel_s_type(kernel: Kernel) -
     fp16 weight stays a plain tensor. Each holds the bf16 values exactly."""
     weight = bf16_weight(64, 128)  # [N, K]
     linear = Bf16Linear(weight)
-    held = {Kernel.FP16: torch.float16, Kernel.FP32: torch.float32}.get(kernel, torch.bfloat16)
+    held = {Kernel.BF16: torch.bfloat16, Kernel.FP16: torch.float16}.get(kernel, torch.float32)
     assert linear.weight.is_mkldnn == (kernel in (Kernel.BF16, Kernel.FP32))
     assert linear.weight.to_dense().dtype == held
     assert torch.equal(linear.weight.to_dense().float(), weight.float())

@@ -45,7 +45,7 @@ class Kernel(StrEnum):
     BF16 = "onednn-bf16"  # bf16 weights packed for oneDNN, which runs bf16 natively
     FP16 = "fbgemm-fp16"  # the bf16 values in fp16, packed by fbgemm; rows upcast
     FP32 = "onednn-fp32"  # the bf16 values in fp32, packed for oneDNN; rows upcast
-    PLAIN = "plain"  # `F.linear` on the bf16 weights (a torch without oneDNN)
+    PLAIN = "plain"  # the bf16 values in fp32, for `F.linear` (a torch without oneDNN)
 
 
 @functools.cache
@@ -157,7 +157,7 @@ class Bf16Linear(nn.Module):
             held = plain.half()  # [N, K]
             fbgemm_packed(held)
         elif self.kernel is Kernel.PLAIN:
-            held = plain  # [N, K]
+            held = plain.float()  # [N, K]
         else:
             held = pack(plain.float() if self.kernel is Kernel.FP32 else plain)  # [N, K]
         self.register_buffer("weight", held)
@@ -165,10 +165,10 @@ class Bf16Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel is Kernel.BF16:
             return linear(x, self.weight)  # [..., N]
-        if self.kernel is Kernel.PLAIN:
-            return F.linear(x, self.weight)  # [..., N]
         rows = x.float()  # [..., K]
-        if self.kernel is Kernel.FP32:
+        if self.kernel is Kernel.PLAIN:
+            out = F.linear(rows, self.weight)  # [..., N]
+        elif self.kernel is Kernel.FP32:
             out = linear(rows, self.weight)  # [..., N]
         elif torch.compiler.is_compiling():
             out = fp16_linear(rows, self.weight)  # [..., N]
