@@ -79,22 +79,33 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)  # [N, K]
 
 
-@torch.library.custom_op("dcoco::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+# The opaque ops compiled code calls (module docstring). Defined on a Library with a kernel for
+# every backend rather than by `torch.library.custom_op`, whose Python wrapping cost about 30 us
+# more a call in eager dispatch on the AVX2-only EPYC; compiled engines taking turns stepped
+# 3-5% faster this way (bf16 at batch 1 28.0 against 29.4 ms, int4 at batch 8 45.8 against 47.3).
+_OPS = torch.library.Library("dcoco", "DEF")
+_OPS.define("packed_linear(Tensor x, Tensor weight) -> Tensor")
+_OPS.define("fp16_linear(Tensor x, Tensor weight) -> Tensor")
+
+
+def _packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., K], weight [N, K] of x's dtype from `pack` -> [..., N]."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")  # [..., N]
 
 
-@packed_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def _fake_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))  # [..., N]
+
+
+torch.library.register_fake("dcoco::packed_linear", _fake_linear, lib=_OPS)
+torch.library.register_fake("dcoco::fp16_linear", _fake_linear, lib=_OPS)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., K], weight [N, K] of x's dtype from `pack` -> [..., N]."""
     if torch.compiler.is_compiling():
-        return packed_linear(x, weight)  # [..., N]
-    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")  # [..., N]
+        return torch.ops.dcoco.packed_linear(x, weight)  # [..., N]
+    return _packed_linear(x, weight)  # [..., N]
 
 
 class _Fbgemm:
@@ -127,20 +138,11 @@ def _forget(key: int, entry: _Fbgemm) -> None:
 
 def _fp16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [..., K] fp32, weight [N, K] fp16 -> [..., N] fp32."""
-    flat = x.reshape(-1, x.shape[-1])  # [M, K]
-    out = torch.ops.quantized.linear_dynamic_fp16(flat, fbgemm_packed(weight))  # [M, N]
-    return out.view(*x.shape[:-1], weight.shape[0])  # [..., N]
+    return torch.ops.quantized.linear_dynamic_fp16(x, fbgemm_packed(weight))  # [..., N]
 
 
-@torch.library.custom_op("dcoco::fp16_linear", mutates_args=())
-def fp16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [..., K] fp32, weight [N, K] fp16 -> [..., N] fp32."""
-    return _fp16_linear(x, weight)  # [..., N]
-
-
-@fp16_linear.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))  # [..., N]
+_OPS.impl("packed_linear", _packed_linear, "CompositeExplicitAutograd")
+_OPS.impl("fp16_linear", _fp16_linear, "CompositeExplicitAutograd")
 
 
 class Bf16Linear(nn.Module):
@@ -171,7 +173,7 @@ class Bf16Linear(nn.Module):
         elif self.kernel is Kernel.FP32:
             out = linear(rows, self.weight)  # [..., N]
         elif torch.compiler.is_compiling():
-            out = fp16_linear(rows, self.weight)  # [..., N]
+            out = torch.ops.dcoco.fp16_linear(rows, self.weight)  # [..., N]
         else:
             out = _fp16_linear(rows, self.weight)  # [..., N]
         return out.to(x.dtype)  # [..., N]
