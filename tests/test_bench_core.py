@@ -2,11 +2,13 @@
 
 import copy
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from dcoco.bench.core_parts import gaps, plain_rates, time_llama, weight_bytes
+from dcoco.bench.core_parts import decode, gaps, plain_rates, time_llama, weight_bytes
+from dcoco.engine.outputs import StepResult
 from dcoco.model import packed
 from dcoco.shared.options import Precision
 from factories import make_target
@@ -23,6 +25,32 @@ def test_weight_bytes_count_what_decoding_reads() -> None:
         assert sizes[Precision.BF16] < sizes[Precision.FP32] < 1.01 * sizes[Precision.BF16]
     # Quantized: the dense bf16 copies for wide forwards are not read when decoding.
     assert sizes[Precision.INT4] < sizes[Precision.INT8] < sizes[Precision.BF16]
+
+
+def test_decode_counts_the_tokens_after_every_prompts_first(monkeypatch) -> None:
+    from dcoco.engine.engine import Engine
+    from dcoco.shared.engine_config import EngineConfig
+    from dcoco.shared.options import Mode
+
+    engine = Engine(make_target(hidden=64, vocab=64), None, EngineConfig(mode=Mode.VANILLA))
+    steps: list[Counter[str]] = []  # tokens each request got, step by step
+    step = engine.step
+
+    def recorded() -> StepResult:
+        result = step()
+        steps.append(Counter())
+        for out in result.outputs:
+            steps[-1][out.request_id] += len(out.new_token_ids)
+        return result
+
+    monkeypatch.setattr(engine, "step", recorded)
+    decoded, seconds = decode(engine, [[1, 2, 3], [4, 5]], 8)
+    assert sum(sum(s.values()) for s in steps) == 18  # each prompt's first token and 8 more
+    both = next(i for i, s in enumerate(steps) if len(s) == 2)  # the first step giving both
+    assert decoded == sum(sum(s.values()) for s in steps[both + 1 :])
+    assert 0 < decoded < 18
+    assert seconds > 0
+    assert not engine.has_unfinished()
 
 
 def test_plain_rate_and_the_gaps_of_a_joining_prompt() -> None:

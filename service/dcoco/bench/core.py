@@ -5,9 +5,10 @@
 1. Memory read bandwidth, a 1 GiB buffer summed (best of 5), on the run's threads: plain
    decoding at batch 1 reads every weight once a token, so bandwidth / weight bytes is its floor.
 2. Plain decoding of the default SmolLM2 target at batch 1 and 8 in each precision, against the
-   floor for the bytes that precision reads. The precisions (and below, the variants) take
-   turns, --passes times, and each keeps its best pass: other work on a shared machine only
-   ever slows a pass down.
+   floor for the bytes that precision reads: tokens a second once every prompt has its first
+   token, the prefill left out as llama.cpp's eval time leaves it out. The precisions (and
+   below, the variants) take turns, --passes times, and each keeps its best pass: other work on
+   a shared machine only ever slows a pass down.
 3. n-gram lookup, DFlash, DCOCO and adaptive DCOCO (without and with lookup drafts, the
    worker's default) at batch 1 in the precision `auto` picks, beside plain decoding in it:
    code and math prompts of the held-out split, greedy.
@@ -76,6 +77,9 @@ def run(tokens: int, prompts_per_suite: int, passes: int, out: Path | None) -> l
         f"tokens per prompt.",
         "",
         "## Plain decoding against the memory floor",
+        "",
+        "Tokens a second once every prompt has its first token: the prefill is left out, as "
+        "llama.cpp's eval time below leaves it out.",
         "",
         "| precision | weight MB read a token | floor tokens/s | batch 1 tokens/s | of the floor "
         "| batch 8 tokens/s | batch 8 / batch 1 |",

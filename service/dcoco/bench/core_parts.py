@@ -60,9 +60,9 @@ def plain_rates(
     tokens: int,
     passes: int,
 ) -> dict[Precision, float]:
-    """Generated tokens a second of plain decoding, all prompts at once, in each precision:
-    the precisions take turns, `passes` times, and each keeps its best pass (other work on a
-    shared machine only ever slows a pass down)."""
+    """Decoded tokens a second of plain decoding, all prompts at once, in each precision
+    (`decode`): the precisions take turns, `passes` times, and each keeps its best pass
+    (other work on a shared machine only ever slows a pass down)."""
     engines = {}
     for precision in precisions:
         cfg = EngineConfig(
@@ -78,14 +78,31 @@ def plain_rates(
             prompts[:1], SamplingParams(max_tokens=WARMUP_TOKENS, ignore_eos=True)
         )
     best = dict.fromkeys(precisions, 0.0)
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
     for _ in range(passes):
         for precision, engine in engines.items():
-            start = time.perf_counter()
-            completions, _ = engine.generate(prompts, params)
-            rate = sum(len(c.token_ids) for c in completions) / (time.perf_counter() - start)
-            best[precision] = max(best[precision], rate)
+            decoded, seconds = decode(engine, prompts, tokens)
+            best[precision] = max(best[precision], decoded / seconds)
     return best
+
+
+def decode(engine: Engine, prompts: list[list[int]], tokens: int) -> tuple[int, float]:
+    """Runs the prompts to `tokens` tokens after their first; returns the tokens decoded and
+    the seconds they took, from the step that gave the last prompt its first token: decoding
+    alone, the prompts' prefill left out, as llama.cpp's eval time counts it
+    (`bench.llama_timing`)."""
+    params = SamplingParams(max_tokens=tokens + 1, ignore_eos=True)
+    ids = [f"rate-{i}" for i in range(len(prompts))]
+    for request_id, prompt in zip(ids, prompts, strict=True):
+        engine.add_request(request_id, prompt, params)
+    waiting, decoded, started = set(ids), 0, 0.0
+    while engine.has_unfinished():
+        outputs = engine.step().outputs
+        if waiting:
+            waiting -= {out.request_id for out in outputs if out.new_token_ids}
+            started = time.perf_counter()
+        else:
+            decoded += sum(len(out.new_token_ids) for out in outputs)
+    return decoded, time.perf_counter() - started
 
 
 @dataclass(frozen=True)
