@@ -30,6 +30,31 @@ def test_a_setting_the_worker_does_not_know_is_caught_before_starting() -> None:
     }
 
 
+def test_shapes_left_are_read_from_the_workers_compile_gauges() -> None:
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from dcoco.worker.metrics import CompiledLayersCollector
+
+    def scraped(**parts: SimpleNamespace) -> str:
+        registry = CollectorRegistry()
+        guard = SimpleNamespace(pauses=0, allows=lambda: True)
+        registry.register(CompiledLayersCollector("m", parts, guard))
+        return generate_latest(registry).decode()
+
+    shapes = [(1, 1), (1, 2), (2, 1), (8, 1)]
+    target = SimpleNamespace(shapes=shapes, compiled=shapes[:1], error=None)
+    drafter = SimpleNamespace(shapes=shapes[:2], compiled=[], error=None)
+    assert variants.shapes_left(scraped(target=target, drafter=drafter)) == 5
+    # A part whose compile failed runs eagerly for good: nothing to wait for.
+    drafter.error = "inductor failed"
+    assert variants.shapes_left(scraped(target=target, drafter=drafter)) == 3
+    target.compiled = shapes
+    assert variants.shapes_left(scraped(target=target, drafter=drafter)) == 0
+    assert variants.shapes_left("# an engine that compiles nothing\n") == 0
+
+
 @pytest.mark.slow
 def test_failed_variants_are_reported_and_the_others_measured(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -71,6 +96,7 @@ def test_failed_variants_are_reported_and_the_others_measured(
     assert row["output_tokens"] == 8
     # The worker's own /metrics answered; the instant engine runs no cycles to count.
     assert any("instant: no speculation counters at http" in n for n in report["notes"])
+    assert not any("still compiling" in n for n in report["notes"])  # it compiles nothing
     assert "failed: DCOCO_NOT_A_SETTING" in (out / "bench.md").read_text()
     assert sorted(s.name for s in stopped) == ["broken", "instant"]
     assert all(s.process.poll() is not None for s in stopped)
