@@ -2,6 +2,7 @@
 chunk costs of a fixed part plus a part per token (the shape measured on CPUs)."""
 
 from dcoco.engine.prefill import (
+    CYCLE_WINDOW,
     EXPLORE_EVERY,
     FIRST_CHUNK,
     GROUP_TOKENS,
@@ -37,6 +38,22 @@ def test_chunks_start_small_and_settle_near_the_target() -> None:
     assert all(s <= 2 * 0.022 * 1.5 for s in spent)  # never far over two cycles
     assert 0.044 * 0.85 <= spent[-1] <= 0.044 * 1.15
     assert budget.tokens() > FIRST_CHUNK
+
+
+def test_a_cycle_is_the_median_of_the_recent_ones_not_held_up_by_slow_first_steps() -> None:
+    """An engine's first steps run slow (the first forward's allocations), and a shared
+    machine stalls now and then: neither may raise the target chunks are steered to."""
+    budget = PrefillBudget(cap=256, cycles=2.0)
+    assert budget.per_cycle == 0.0
+    budget.observe_cycle(0.5)
+    for _ in range(CYCLE_WINDOW - 1):
+        budget.observe_cycle(0.022)
+    assert budget.per_cycle == 0.022
+    budget.observe_cycle(0.3)  # a stall among usual cycles
+    assert budget.per_cycle == 0.022
+    for _ in range(CYCLE_WINDOW):  # the streams' cycles grow (more of them, longer contexts)
+        budget.observe_cycle(0.040)
+    assert budget.per_cycle == 0.040
 
 
 def test_cheap_chunks_double_up_to_the_cap() -> None:

@@ -12,14 +12,21 @@ cycles (at most doubling or halving), so the streams' gap between tokens stays w
 `cycles` of its usual. `cap` (DCOCO_PREFILL_TOKENS) bounds it; with `cycles` 0
 (DCOCO_PREFILL_CYCLES) every step takes `cap` tokens, whatever they cost. Where the fixed part
 alone exceeds `cycles`, the chunks stay at MIN_CHUNK: the prompt still advances, slowly.
+
+A decoding cycle's time is the median of the last CYCLE_WINDOW plain cycles: a running mean
+started from the first cycle kept an engine's slow first steps for dozens of cycles, and a
+shared machine's stalls pull any mean up, either of which let chunks run over their target.
 """
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 FIRST_CHUNK = 16  # the budget before any chunk was measured
 MIN_CHUNK = 4  # prompt tokens a prefilling sequence gets per step at least
 UNBOUNDED = 2**62  # a sequence's share of a step that prefills whole prompts
 RATE = 0.2  # weight of each new measurement in a running mean
+CYCLE_WINDOW = 16  # plain cycles whose median is a decoding cycle's time
 EXPLORE_EVERY = 8  # chunks: one in this many runs the way `ChunkPlacement` did not choose
 GROUP_TOKENS = 8_192  # padded tokens a forward of whole prompts holds at most (one prompt more)
 MAX_PADDING = 0.125  # of a forward's padded tokens, where whole prompts share it
@@ -33,7 +40,12 @@ class PrefillBudget:
     cap: int
     cycles: float = 2.0  # a chunk's time, in decoding cycles, that the budget steers to
     chunk: int = FIRST_CHUNK  # the steered budget
-    per_cycle: float = 0.0  # seconds a decoding cycle, a running mean
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=CYCLE_WINDOW))
+
+    @property
+    def per_cycle(self) -> float:
+        """Seconds a decoding cycle takes, 0 before any was measured."""
+        return statistics.median(self.recent) if self.recent else 0.0
 
     def tokens(self) -> int:
         """Prompt tokens for the next step's chunk, shared by the prompts being prefilled."""
@@ -51,9 +63,7 @@ class PrefillBudget:
         self.chunk = max(MIN_CHUNK, min(self.cap, int(max(tokens, MIN_CHUNK) * scale)))
 
     def observe_cycle(self, seconds: float) -> None:
-        self.per_cycle = (
-            seconds if not self.per_cycle else (self.per_cycle * (1 - RATE) + seconds * RATE)
-        )
+        self.recent.append(seconds)
 
 
 @dataclass
