@@ -58,10 +58,11 @@ def test_plain_rate_and_the_gaps_of_a_joining_prompt() -> None:
     rates = plain_rates(target, (Precision.FP32, Precision.INT4), [[1, 2, 3]] * 2, 8, passes=2)
     assert all(rate > 0 for rate in rates.values())
     for cycles, alongside in ((2.0, None), (2.0, True), (0.0, False)):
-        median, largest, first = gaps(
+        seen = gaps(
             copy.deepcopy(target), Precision.FP32, [1, 2, 3], [5] * 200, 32, cycles, alongside
         )
-        assert 0 < median <= largest <= first
+        assert 0 < seen.median <= seen.quiet
+        assert 0 < seen.median <= seen.joining <= seen.first
 
 
 def test_speculation_rows_come_out_for_every_variant_against_plain() -> None:

@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -241,6 +242,18 @@ def time_llama(command: list[str], args: list[str], prompt: list[int]) -> LlamaT
     raise RuntimeError("; ".join(notes))
 
 
+QUIET_STEPS = 30  # the streams' steps timed before the long prompt joins
+
+
+class Gaps(NamedTuple):
+    """The streams' gaps between tokens around a long prompt's join, in seconds."""
+
+    median: float  # over QUIET_STEPS steps before it joins
+    quiet: float  # the largest of those: what the machine's own noise gives, with no join
+    joining: float  # the largest from its join until it has its first token
+    first: float  # its time to that first token
+
+
 def gaps(
     target: CausalLM,
     precision: Precision,
@@ -249,17 +262,14 @@ def gaps(
     budget: int,
     cycles: float,
     alongside: bool | None = None,
-) -> tuple[float, float, float]:
+) -> Gaps:
     """8 streams decode, then a long prompt joins, prefilled `budget` tokens a step at most,
     steered to `cycles` decoding cycles (0: `budget` every step), its chunks in the streams'
-    forward, in their own, or where measured cheaper (`alongside` True, False, None). Returns
-    the streams' median
-    gap between tokens over 10 steps before it joins, their largest gap from then until it has
-    its first token, and that time to its first token, in seconds."""
+    forward, in their own, or where measured cheaper (`alongside` True, False, None)."""
     cfg = EngineConfig(
         mode=Mode.VANILLA,
         max_batch_size=9,
-        max_model_len=len(long_prompt) + 64,
+        max_model_len=len(long_prompt) + QUIET_STEPS + 64,
         precision=precision,
         prefill_tokens=budget,
         prefill_cycles=cycles,
@@ -277,15 +287,15 @@ def gaps(
     before: list[float] = []
     during: list[float] = []
     for step in range(10_000):
-        if step == 10:
+        if step == QUIET_STEPS:
             engine.add_request("long", long_prompt, SamplingParams(max_tokens=1))
             joined = time.perf_counter()
         result = engine.step()
         now = time.perf_counter()
         for out in result.outputs:
             if out.request_id in last:
-                (during if step >= 10 else before).append(now - last[out.request_id])
+                (during if step >= QUIET_STEPS else before).append(now - last[out.request_id])
                 last[out.request_id] = now
         if any(out.request_id == "long" for out in result.outputs):
             break
-    return statistics.median(before), max(during), time.perf_counter() - joined
+    return Gaps(statistics.median(before), max(before), max(during), time.perf_counter() - joined)
