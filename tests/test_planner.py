@@ -80,16 +80,17 @@ def test_beyond_the_widest_width_measured_the_slope_spans_a_doubling_at_least() 
 
 
 def test_a_narrow_width_never_costs_more_than_a_wider_one_measured() -> None:
-    """One slow first step of 8 rows (0.2 s; vLLM's first step also runs the prompts), then
+    """Slow first steps of 8 rows (0.2 s; vLLM's first step also runs the prompts), then
     whole blocks at 0.034 s: the narrow widths are capped by the wider measurement, so plain
     steps still get tried, and short verifications learnt to be cheaper (without the cap the
-    plain try looks to lose 0.17 s, and it stays at B)."""
+    plain try looks to lose 0.17 s, and it stays at B). A cycle is learnt after one of its
+    kind, so each measurement takes two, and each plain try teaches its second step only."""
     planner = VerifyPlanner(block=15)
-    planner.observe(8, 0, [], 0.0, 0.2)
-    planner.observe(8, 15, [1] * 8, 0.0, 0.034)
+    for k, seconds in ((0, 0.2), (0, 0.2), (15, 0.034), (15, 0.034)):
+        planner.observe(8, k, [1] * 8 if k else [], 0.0, seconds)
     assert planner.cost(8, 0) == pytest.approx(0.034)
     choices = []
-    for _ in range(600):  # slot 0 always holds, slot 1 never: k = 1 is best
+    for _ in range(800):  # slot 0 always holds, slot 1 never: k = 1 is best
         k = planner.choose(8)
         choices.append(k)
         planner.observe(8, k, [min(1, k)] * 8, 0.0, 0.012 + 0.00017 * 8 * (k + 1))
@@ -174,6 +175,28 @@ def test_one_slow_plain_step_does_not_keep_it_speculating_where_plain_is_faster(
         planner.observe(1, k, [0] if k else [], 0.010 if k else 0.0, 0.025 + 0.004 * k)
     assert choices[0] > 0  # speculating first, misled
     assert choices[-500:].count(0) > 480
+
+
+def test_a_verify_after_plain_steps_is_not_learnt_and_a_try_lasts_two_cycles() -> None:
+    """Plain steps 25 ms; 3-token verifies 33 ms among verifies but 41 ms right after plain
+    steps; drafting 11 ms; the first two slots hold 0.56 and 0.3 of the time (held-out code,
+    int4, batch 1, AMD EPYC). Verifying two tokens commits 1.86 a cycle in 44 ms against 1 in
+    25 ms plain: 1.13x. Learnt from every cycle, the verify looked to cost 41 ms among plain
+    steps and tries, and plain decoding won for good."""
+    planner = VerifyPlanner(block=15)
+    held = iter([2, 0, 1, 0, 2, 1, 0, 2, 0, 1] * 1000)  # slot 0 holds 6 in 10, slot 1 3 in 10
+    choices: list[int] = []
+    for _ in range(400):
+        k = planner.choose(1)
+        after_plain = not choices or choices[-1] == 0
+        choices.append(k)
+        verify_s = 0.025 if k == 0 else (0.041 if after_plain else 0.033) + 0.004 * (k - 2)
+        planner.observe(1, k, [min(k, next(held))] if k else [], 0.011 if k else 0.0, verify_s)
+    last = choices[-100:]
+    assert last.count(2) > 60
+    plain_runs = "".join("p" if k == 0 else "." for k in last).split(".")
+    assert {len(run) for run in plain_runs[1:-1]} <= {0, 2}  # plain steps: tries of two
+    assert planner.cost(1, 2) == pytest.approx(0.033 + 0.011, abs=0.002)
 
 
 def test_an_outcome_counts_only_the_slots_it_knows() -> None:

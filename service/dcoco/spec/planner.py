@@ -29,6 +29,14 @@ of the predicted time of the cycles since the last try. The tries take turns:
 Exploring is thus nearly free at batch 1 and rare at batch 32, and takes about that share of the
 time at most. The estimates are per engine, one model.
 
+A cycle's cost is learnt only where the cycle before was of its kind, a plain step after a
+plain step, a verify after a verify (`observe`), and a try of the other kind lasts TRY_CYCLES
+cycles: so each k is priced as a run of it costs, which is what the rates compare. The first
+verify after plain steps costs more (the target's other compiled graphs, the drafter's cold
+weights): on held-out code (int4, batch 1, AMD EPYC) a 3-token verify among plain steps took
+39-41 ms and one among other verifies 33-37, enough to keep an engine stepping plain at 0.97x
+plain decoding where verifying two tokens a cycle made 1.02-1.20x (docs/engine-profile.md).
+
 Prompt lookup (`plan`): a row whose recent tokens recur earlier in its context has a second
 draft that costs nothing to make, the tokens that followed them (`spec/ngram.py`). Where the
 engine allows it, each cycle also weighs verifying those drafts, for the rows that have one,
@@ -50,6 +58,7 @@ DECAY = 0.98  # weight of the past per observation: estimates follow the last ~5
 EXPLORE_SHARE = 0.02  # of the time, at most, lost to trying another k than the best
 REACH_FLOOR = 0.05  # an exploration verifies the slots rows reach at least this often
 PRIOR_TRIALS = 4.0  # each slot starts at a 50% acceptance rate worth this many verifications
+TRY_CYCLES = 2  # cycles a try of the other kind lasts (plain or verifying): learnt from its second
 
 
 @dataclass
@@ -194,6 +203,8 @@ class VerifyPlanner:
     fixed_cost: LineFit = field(default_factory=LineFit)  # seconds against n
     banked_s: float = 0.0  # predicted seconds of the cycles since the last exploration
     probes: int = 0  # explorations so far
+    trying: tuple[int, int] = (0, 0)  # the k being tried, and its cycles still to run
+    last_k: int | None = None  # the k of the last cycle observed, None before the first
 
     def __post_init__(self) -> None:
         self.drafted = Acceptance(self.block)
@@ -210,6 +221,10 @@ class VerifyPlanner:
         rows = len(found)
         if self.verify_cost.weight == 0:
             return Plan(self.block)
+        tried, left = self.trying
+        if left and exploring_allowed:
+            self.trying = (tried, left - 1)
+            return Plan(tried)
         reach = self.drafted.reach()
         committed = list(accumulate(reach))  # [B + 1]: tokens a k-cycle commits per row
         rates = [rows * committed[k] / max(self.cost(rows, k), 1e-9) for k in range(self.block + 1)]
@@ -222,11 +237,13 @@ class VerifyPlanner:
         probe = self._probe(best_k, reach)
         if probe is None or not exploring_allowed:
             return Plan(best_k)
-        lost_s = self.cost(rows, probe) - rows * committed[probe] / rates[best_k]
+        cycles = TRY_CYCLES if (probe == 0) != (best_k == 0) else 1  # of the other kind
+        lost_s = cycles * (self.cost(rows, probe) - rows * committed[probe] / rates[best_k])
         if lost_s > EXPLORE_SHARE * self.banked_s:
             return Plan(best_k)
         self.banked_s = 0.0
         self.probes += 1
+        self.trying = (probe, cycles - 1)
         return Plan(probe)
 
     def _lookup_plan(
@@ -282,9 +299,12 @@ class VerifyPlanner:
     ) -> None:
         """One cycle of `rows` sequences: k verified per row, `accepted` drafted tokens kept per
         row the drafter drafted for, and the seconds spent drafting and correcting for them (0
-        when k is 0 or none drafted) and verifying."""
+        when k is 0 or none drafted) and verifying. The verify's seconds are learnt where the
+        cycle before was of its kind (module docstring)."""
         self.observe_acceptance(k, accepted)
-        self.verify_cost.add(rows * (k + 1), verify_s)
+        if self.last_k is not None and (k == 0) == (self.last_k == 0):
+            self.verify_cost.add(rows * (k + 1), verify_s)
+        self.last_k = k
         if k and accepted:
             self.fixed_cost.add(len(accepted), fixed_s)
 
