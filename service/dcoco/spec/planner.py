@@ -203,6 +203,7 @@ class VerifyPlanner:
     fixed_cost: LineFit = field(default_factory=LineFit)  # seconds against n
     banked_s: float = 0.0  # predicted seconds of the cycles since the last exploration
     probes: int = 0  # explorations so far
+    try_cycles: int = TRY_CYCLES  # cycles a try of the other kind lasts
     trying: tuple[int, int] = (0, 0)  # the k being tried, and its cycles still to run
     last_k: int | None = None  # the k of the last cycle observed, None before the first
 
@@ -237,7 +238,7 @@ class VerifyPlanner:
         probe = self._probe(best_k, reach)
         if probe is None or not exploring_allowed:
             return Plan(best_k)
-        cycles = TRY_CYCLES if (probe == 0) != (best_k == 0) else 1  # of the other kind
+        cycles = self.try_cycles if (probe == 0) != (best_k == 0) else 1  # of the other kind
         lost_s = cycles * (self.cost(rows, probe) - rows * committed[probe] / rates[best_k])
         if lost_s > EXPLORE_SHARE * self.banked_s:
             return Plan(best_k)
