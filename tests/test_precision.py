@@ -20,6 +20,7 @@ from dcoco.engine.runner import ModelRunner
 from dcoco.model.causal_lm import CausalLM
 from dcoco.model.layers import set_attention_upcast
 from dcoco.model.quant import DENSE_FROM, GROUP, Int4Linear, Int8Linear, quantized_linears
+from dcoco.model.w4a8_kernel import unavailable
 from dcoco.precision import (
     CROSSOVER_ROWS,
     UPCAST_SHAPES,
@@ -41,6 +42,9 @@ from dcoco.shared.options import Mode, Precision
 from dcoco.shared.sampling import SamplingParams
 from dcoco.spec.drafter import DFlashDrafter
 from factories import make_drafter, make_target
+
+# What auto times: w4a8 too where its kernel runs (tests/test_w4a8.py: where it does not).
+TIMED = {"fp32", "bf16", "int8", "int4"} | ({"w4a8"} if unavailable() is None else set())
 
 
 def q4_1_grid(rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,7 +129,7 @@ def test_quantizing_is_one_way() -> None:
         apply_precision(target, Precision.FP32)
 
 
-@pytest.mark.parametrize("precision", [Precision.INT8, Precision.INT4])
+@pytest.mark.parametrize("precision", [Precision(p) for p in sorted(TIMED - {"fp32", "bf16"})])
 def test_speculation_runs_and_mostly_matches_plain_decoding(
     pair: tuple[CausalLM, DFlashDrafter], precision: Precision
 ) -> None:
@@ -171,11 +175,11 @@ def test_auto_measures_once_caches_and_survives_a_corrupt_cache(
     engine = Engine(copy.deepcopy(target), None, replace(cfg, precision=Precision.AUTO))
     assert engine.costs is not None
     assert engine.cfg.precision is engine.costs.fastest()
-    assert set(engine.costs.seconds) == {"fp32", "bf16", "int8", "int4"}
+    assert set(engine.costs.seconds) == TIMED
     assert tuple(engine.costs.seconds["fp32"]) == WIDTHS
     cached = json.loads(cache_file(tmp_path).read_text())
     assert sum("seconds" in entry for entry in cached.values()) == 1  # besides attention's
-    for kind in ("int8", "int4"):  # timed with the kernels their engines run
+    for kind in TIMED - {"fp32", "bf16"}:  # timed with the kernels their engines run
         assert cache_key(target, ("dense", kind, CROSSOVER_ROWS)) in cached
 
     # Another batch size (or mode) reads the same entry: one choice per CPU and model.
@@ -190,7 +194,7 @@ def test_auto_measures_once_caches_and_survives_a_corrupt_cache(
     with caplog.at_level(logging.WARNING):
         fresh = cost_table(target, (1, 2), tmp_path)
     assert "unreadable" in caplog.text
-    assert set(fresh.seconds) == {"fp32", "bf16", "int8", "int4"}
+    assert set(fresh.seconds) == TIMED
     assert json.loads(cache_file(tmp_path).read_text())  # rewritten whole
 
 

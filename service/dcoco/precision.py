@@ -33,9 +33,12 @@ from dcoco.model.packed import Bf16Linear, pack_linears
 from dcoco.model.quant import (
     Int4Linear,
     Int8Linear,
+    QuantizedLinear,
+    W4A8Linear,
     quantize_linears,
     quantized_linears,
 )
+from dcoco.model.w4a8_kernel import unavailable
 from dcoco.shared.contention import Contention
 from dcoco.shared.options import Precision
 
@@ -47,8 +50,13 @@ ACTIVATIONS = {
     Precision.BF16: torch.bfloat16,
     Precision.INT8: torch.bfloat16,
     Precision.INT4: torch.bfloat16,
+    Precision.W4A8: torch.bfloat16,
 }
-MEASURED = (Precision.FP32, Precision.BF16, Precision.INT8, Precision.INT4)
+QUANTIZED: dict[Precision, type[QuantizedLinear]] = {
+    Precision.INT8: Int8Linear,
+    Precision.INT4: Int4Linear,
+    Precision.W4A8: W4A8Linear,
+}
 # Timed forwards per width, after one warm-up. The fastest counts: other work on the machine
 # only ever adds time, and a table is cached for good, so one noisy start must not decide it.
 REPEATS = 3
@@ -58,16 +66,24 @@ REPEATS = 3
 QUIET_SHARE = 0.1
 # The engine's own kernels, part of every cache key: bumped when a change to them (bf16
 # weights packed for oneDNN: 2; dense copies in fp32 where bf16 is emulated: 3; in fp16 for
-# fbgemm there: 4) makes earlier measurements stale.
-KERNELS = 4
+# fbgemm there: 4; w4a8 measured beside the others: 5) makes earlier measurements stale.
+KERNELS = 5
+
+
+def measured() -> tuple[Precision, ...]:
+    """The precisions `auto` times here: all but w4a8 where its kernel cannot run (logged)."""
+    why = unavailable()
+    if why is not None:
+        log.warning("auto precision leaves w4a8 out: %s", why)
+        return tuple(p for p in ACTIVATIONS if p is not Precision.W4A8)
+    return tuple(ACTIVATIONS)
 
 
 def current_precision(target: CausalLM) -> Precision:
     layers = list(target.model.layers.modules())
-    if any(isinstance(m, Int4Linear) for m in layers):
-        return Precision.INT4
-    if any(isinstance(m, Int8Linear) for m in layers):
-        return Precision.INT8
+    for precision, kind in QUANTIZED.items():
+        if any(isinstance(m, kind) for m in layers):
+            return precision
     float32 = target.model.embed_tokens.weight.dtype == torch.float32
     return Precision.FP32 if float32 else Precision.BF16
 
@@ -85,10 +101,10 @@ def apply_precision(target: CausalLM, precision: Precision) -> None:
         target.to(ACTIVATIONS[precision])
     if precision is Precision.BF16:
         pack_linears(target)  # unties a tied head, as quantizing does
-    elif precision in (Precision.INT8, Precision.INT4) and current is not precision:
+    elif precision in QUANTIZED and current is not precision:
         # Unties a tied head; engine code only calls the head, so it may stop being a Linear.
         target.lm_head = Int8Linear(target.lm_head.weight)  # type: ignore[assignment]
-        quantize_linears(target.model.layers, 4 if precision is Precision.INT4 else 8)
+        quantize_linears(target.model.layers, QUANTIZED[precision])
 
 
 @dataclass(frozen=True)
@@ -98,7 +114,7 @@ class CostTable:
     seconds: dict[str, dict[int, float]]  # precision -> width -> seconds
     threads: int
 
-    def fastest(self, among: tuple[Precision, ...] = MEASURED) -> Precision:
+    def fastest(self, among: tuple[Precision, ...] = tuple(ACTIVATIONS)) -> Precision:
         def score(name: str) -> float:
             row = self.seconds[name]
             return sum(math.log(s) for s in row.values()) / len(row)
@@ -124,7 +140,7 @@ def measure(target: CausalLM, sizes: tuple[int, ...], cache_dir: Path) -> CostTa
     """Times forwards of each precision on copies of `target` (which is left as it is), each
     with the kernels an engine of that precision runs (`dense_crossover`)."""
     seconds: dict[str, dict[int, float]] = {}
-    for precision in MEASURED:
+    for precision in measured():
         model = copy.deepcopy(target)
         apply_precision(model, precision)
         dense_crossover(model, cache_dir)
@@ -248,7 +264,7 @@ def cost_table(target: CausalLM, sizes: tuple[int, ...], cache_dir: Path) -> Cos
 
     return cached(
         cache_dir,
-        cache_key(target, ("crossover", sizes)),
+        cache_key(target, ("crossover", sizes, measured())),
         lambda: measure(target, sizes, cache_dir),
         read,
         CostTable.to_json,

@@ -46,14 +46,11 @@ from dcoco.bench.core_parts import (
 )
 from dcoco.checkpoint import load_drafter, load_target
 from dcoco.paths import SMOLLM2_MODELS, packaged_smollm2_gguf
-from dcoco.precision import WIDTHS, cost_table
+from dcoco.precision import WIDTHS, cost_table, measured
 from dcoco.shared.cpu import describe
 from dcoco.shared.engine_config import DEFAULT_CACHE_DIR
-from dcoco.shared.options import Precision
 from dcoco.suites import load_suite
 from dcoco.tokenizer import Tokenizer, chat_prompt
-
-PRECISIONS = (Precision.FP32, Precision.BF16, Precision.INT8, Precision.INT4)
 
 
 def run(tokens: int, prompts_per_suite: int, passes: int, out: Path | None) -> list[str]:
@@ -87,9 +84,10 @@ def run(tokens: int, prompts_per_suite: int, passes: int, out: Path | None) -> l
         "| batch 8 tokens/s | batch 8 / batch 1 |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    one = plain_rates(fp32, PRECISIONS, [prompt], tokens, passes)
-    eight = plain_rates(fp32, PRECISIONS, [prompt] * 8, tokens, passes)
-    for precision in PRECISIONS:
+    precisions = measured()
+    one = plain_rates(fp32, precisions, [prompt], tokens, passes)
+    eight = plain_rates(fp32, precisions, [prompt] * 8, tokens, passes)
+    for precision in precisions:
         megabytes = weight_bytes(copy.deepcopy(fp32), precision) / 1e6
         floor = bandwidth / (megabytes * 1e6)
         lines.append(

@@ -40,6 +40,7 @@ GROUPS = {
         "linear",
         "_weight_int8pack_mm",
         "_weight_int4pack_mm_for_cpu",
+        "w4a8_linear",  # ours (model/w4a8.cpp)
         "_linear_pointwise",  # oneDNN's, over the packed bf16 weights (model/packed.py)
         "linear_dynamic_fp16",  # fbgemm's, over fp16 weights where bf16 is emulated
     ),

@@ -5,12 +5,15 @@
   (`torch._weight_int4pack_mm_for_cpu`). That is GGUF's Q4_1 layout, the one SmolLM2's linears
   ship in: their dequantized weights sit on this grid, so requantizing recovers the shipped
   4-bit values; only the group's scale and minimum are rounded to bf16.
+- w4a8: the same 4-bit grid (scale and minimum in fp16, as Q4_1 holds them), multiplied by
+  activations quantized to 8 bits per group of 32 (a scale per group, round to nearest), summed
+  as integers: the arithmetic of llama.cpp's Q4_1 kernel, on our own (`w4a8_kernel.py`).
 
-Activations stay bf16: both kernels are fast only there (int4 with fp32 activations runs 17x
-slower). The LM head is int8 in both modes (it ships as Q8_0); the embedding it may be tied to
-stays as it was, since lookups need whole rows.
+Activations stay bf16 between the linears: torch's kernels are fast only there (int4 with fp32
+activations runs 17x slower). The LM head is int8 in every mode (it ships as Q8_0); the
+embedding it may be tied to stays as it was, since lookups need whole rows.
 
-Both kernels are built for a few rows: from `dense_from` rows on (prefills, wide
+The kernels are built for a few rows: from `dense_from` rows on (prefills, wide
 verifications) matmuls over the same weights, dequantized, are faster, so each linear also
 keeps them dequantized (a `Bf16Linear`: bf16 packed for oneDNN where it runs bf16 natively,
 fp16 for fbgemm or fp32 for oneDNN where bf16 is emulated) and switches. Decoding reads only
@@ -23,6 +26,7 @@ import torch
 from torch import nn
 
 from dcoco.model.packed import Bf16Linear
+from dcoco.model.w4a8_kernel import unavailable
 
 GROUP = 32  # int4 input channels per scale: Q4_1's block
 DENSE_FROM = 17  # rows from which a forward multiplies the dequantized bf16 weights, unmeasured
@@ -52,6 +56,19 @@ class Int8Linear(nn.Module):
         return out.view(*x.shape[:-1], out.shape[-1])  # [..., N]
 
 
+def four_bit_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """weight [N, K], K a multiple of GROUP -> levels [N, K/32, 32] in 0..15 (float), and each
+    group's scale and minimum [N, K/32]: weight ~ levels * scale + minimum."""
+    n, k = weight.shape
+    if k % GROUP:
+        raise ValueError(f"4-bit weights need input widths divisible by {GROUP}; this one is {k}")
+    groups = weight.detach().float().view(n, k // GROUP, GROUP)  # [N, G, 32]
+    low, high = groups.amin(-1), groups.amax(-1)  # [N, G] each
+    scale = ((high - low) / 15).clamp(min=TINY)  # [N, G]
+    levels = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)  # [N, G, 32]
+    return levels, scale, low
+
+
 class Int4Linear(nn.Module):
     packed: torch.Tensor  # [N, K/2] uint8, the kernel's layout
     scale_zero: torch.Tensor  # [K/32, N, 2] bf16
@@ -61,12 +78,7 @@ class Int4Linear(nn.Module):
         """weight [N, K] in any float dtype, K a multiple of GROUP."""
         super().__init__()
         n, k = weight.shape
-        if k % GROUP:
-            raise ValueError(f"int4 needs input widths divisible by {GROUP}; this one is {k}")
-        groups = weight.detach().float().view(n, k // GROUP, GROUP)  # [N, G, 32]
-        low, high = groups.amin(-1), groups.amax(-1)  # [N, G] each
-        scale = ((high - low) / 15).clamp(min=TINY)  # [N, G]
-        levels = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)  # [N, G, 32]
+        levels, scale, low = four_bit_grid(weight)  # [N, G, 32], [N, G], [N, G]
         self.register_buffer(
             "packed",
             torch._convert_weight_to_int4pack_for_cpu(levels.to(torch.int32).view(n, k), 1),
@@ -90,17 +102,52 @@ class Int4Linear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)  # [..., N]
 
 
-def quantize_linears(module: nn.Module, bits: int) -> None:
-    """Replaces every nn.Linear under `module` (in place) by its weight-only quantized form."""
-    kind = Int4Linear if bits == 4 else Int8Linear
+class W4A8Linear(nn.Module):
+    weight: torch.Tensor  # [N, K/32 * 20] uint8: per group, scale and minimum (fp16), 16 bytes
+    dense: Bf16Linear  # the same weights dequantized
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        """weight [N, K] in any float dtype, K a multiple of GROUP. Raises ValueError where the
+        kernel cannot run here (`w4a8_kernel.unavailable`)."""
+        super().__init__()
+        why = unavailable()
+        if why is not None:
+            raise ValueError(why)
+        n, k = weight.shape
+        levels, scale, low = four_bit_grid(weight)  # [N, G, 32], [N, G], [N, G]
+        scale_low = torch.stack([scale, low], dim=-1).half()  # [N, G, 2]
+        if not scale_low.isfinite().all():
+            raise ValueError("w4a8 holds each group's scale and minimum in fp16; these overflow")
+        nibbles = levels.to(torch.uint8)  # [N, G, 32]
+        packed = nibbles[..., :16] | (nibbles[..., 16:] << 4)  # [N, G, 16]
+        groups = torch.cat([scale_low.view(torch.uint8), packed], dim=-1)  # [N, G, 20]
+        self.register_buffer("weight", groups.view(n, -1).contiguous())  # [N, G * 20]
+        scale, low = scale_low.float().unbind(-1)  # [N, G] each
+        self.dense = Bf16Linear((levels * scale[..., None] + low[..., None]).view(n, k))  # [N, K]
+        self.out_features = n
+        self.dense_from = DENSE_FROM
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K] bf16
+        if flat.shape[0] >= self.dense_from:
+            return self.dense(x)  # [..., N]
+        out = torch.ops.dcoco.w4a8_linear(flat, self.weight)  # [M, N]
+        return out.view(*x.shape[:-1], self.out_features)  # [..., N]
+
+
+QuantizedLinear = Int8Linear | Int4Linear | W4A8Linear
+
+
+def quantize_linears(module: nn.Module, kind: type[QuantizedLinear]) -> None:
+    """Replaces every nn.Linear under `module` (in place) by a `kind` of its weight."""
     for name, child in module.named_children():
         if isinstance(child, nn.Linear):
             if child.bias is not None:
                 raise ValueError(f"{name}: quantized linears carry no bias")
             setattr(module, name, kind(child.weight))
         else:
-            quantize_linears(child, bits)
+            quantize_linears(child, kind)
 
 
-def quantized_linears(module: nn.Module) -> list[Int8Linear | Int4Linear]:
-    return [m for m in module.modules() if isinstance(m, Int8Linear | Int4Linear)]
+def quantized_linears(module: nn.Module) -> list[QuantizedLinear]:
+    return [m for m in module.modules() if isinstance(m, QuantizedLinear)]

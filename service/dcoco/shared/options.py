@@ -44,11 +44,14 @@ class Precision(StrEnum):
     differ from plain greedy decoding where two tokens' logits nearly tie.
     """
 
-    AUTO = "auto"  # the fastest of the four below on this CPU, measured at start
+    AUTO = "auto"  # the fastest of the others on this CPU, measured at start
     FP32 = "fp32"  # the exact mode: greedy speculation reproduces plain greedy decoding
     BF16 = "bf16"  # bf16 weights, activations and caches
     INT8 = "int8"  # int8 weights (a scale per output channel); bf16 activations and caches
     INT4 = "int4"  # 4-bit weights in groups of 32 (the shipped Q4_1 grid), int8 LM head; bf16
+    # int4's weights times activations quantized to 8 bits per group of 32 in each linear
+    # (llama.cpp's Q4_1 arithmetic); bf16 between them. Needs AVX2 and a C++ compiler.
+    W4A8 = "w4a8"
 
 
 # What `dcoco worker`, `serve`, `generate`, `eval` and `bench --embedded` run with unless told.
@@ -56,5 +59,6 @@ DEFAULT_PRECISION = Precision.AUTO
 PRECISION_HELP = (
     "auto (default): the fastest of the others on this CPU, measured at start and cached; "
     "fp32: exact (greedy speculation equals plain greedy decoding); bf16; int8 and int4: "
-    "weight-only quantized, bf16 activations"
+    "weight-only quantized, bf16 activations; w4a8: int4's weights times activations "
+    "quantized to 8 bits in each linear (llama.cpp's Q4_1 arithmetic; AVX2)"
 )
