@@ -4,9 +4,15 @@ Which precision is fastest depends on the CPU, not on the model alone: with AVX5
 forward of 16 tokens costs about what one token does, while on AVX2-only CPUs bf16 is emulated
 and fp32 wins from a few rows on; 4-bit weights read a quarter of bf16's bytes but their
 kernel slows down with many rows. So `auto` times one target forward of 1, 2, 4, ... 32 tokens in
-each precision and keeps the one with the lowest geometric mean over those widths (plain
-steps and verifications weigh alike). The table is cached per CPU, torch build, thread count
-and model shape, so later starts read it; a cache that cannot be read is measured afresh.
+each precision, and within it the matmuls over the weights alone, and keeps the precision whose
+matmuls have the lowest geometric mean over those widths (plain steps and verifications weigh
+alike). The matmuls decide, not the whole forward: around them an eager forward spends about
+the same in every precision (on SmolLM2 on an AVX2-only EPYC, 25 of a one-token forward's 33
+ms), which the compiled layers the engine serves with mostly do not, and on a busy machine
+that shared part's noise would otherwise decide between precisions a few ms apart. The whole
+forward's seconds are kept too: the adaptive planner starts from them. The table is cached per
+CPU, torch build, thread count and model shape, so later starts read it; a cache that cannot be
+read is measured afresh.
 
 Engines with bf16 activations also measure, once per CPU and model and cached alike, whether
 their small masked attention runs faster on fp32 copies (`attention_upcast`), and quantized
@@ -27,6 +33,7 @@ from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from dcoco.model.causal_lm import CausalLM
 from dcoco.model.packed import Bf16Linear, pack_linears
@@ -66,7 +73,8 @@ REPEATS = 3
 QUIET_SHARE = 0.1
 # The engine's own kernels, part of every cache key: bumped when a change to them (bf16
 # weights packed for oneDNN: 2; dense copies in fp32 where bf16 is emulated: 3; in fp16 for
-# fbgemm there: 4; w4a8 measured beside the others: 5) makes earlier measurements stale.
+# fbgemm there: 4; w4a8 beside the others, the matmuls timed alone: 5) makes earlier
+# measurements stale.
 KERNELS = 5
 
 
@@ -109,21 +117,23 @@ def apply_precision(target: CausalLM, precision: Precision) -> None:
 
 @dataclass(frozen=True)
 class CostTable:
-    """Seconds of one target forward over `width` tokens (one row, no cache), per precision."""
+    """Seconds of one target forward over `width` tokens (one row, no cache), per precision,
+    and of its matmuls over the weights alone (`matmuls`), which decide `fastest`."""
 
     seconds: dict[str, dict[int, float]]  # precision -> width -> seconds
+    matmuls: dict[str, dict[int, float]]  # precision -> width -> seconds
     threads: int
 
     def fastest(self, among: tuple[Precision, ...] = tuple(ACTIVATIONS)) -> Precision:
         def score(name: str) -> float:
-            row = self.seconds[name]
+            row = self.matmuls[name]
             return sum(math.log(s) for s in row.values()) / len(row)
 
-        names = [p.value for p in among if p.value in self.seconds]
+        names = [p.value for p in among if p.value in self.matmuls]
         return Precision(min(names, key=score))
 
     def to_json(self) -> dict[str, object]:
-        return {"seconds": self.seconds, "threads": self.threads}
+        return {"seconds": self.seconds, "matmuls": self.matmuls, "threads": self.threads}
 
 
 def widths(limit: int) -> tuple[int, ...]:
@@ -136,29 +146,54 @@ def widths(limit: int) -> tuple[int, ...]:
 WIDTHS = widths(32)
 
 
+def weight_matmuls(model: CausalLM) -> list[nn.Module]:
+    """The modules that multiply by the model's weights, the LM head included; a quantized
+    linear counts once, its dense copy inside it not apart."""
+    copies = {id(m) for q in quantized_linears(model) for m in q.modules() if m is not q}
+    kinds = nn.Linear | Bf16Linear | QuantizedLinear
+    return [m for m in model.modules() if isinstance(m, kinds) and id(m) not in copies]
+
+
 def measure(target: CausalLM, sizes: tuple[int, ...], cache_dir: Path) -> CostTable:
     """Times forwards of each precision on copies of `target` (which is left as it is), each
-    with the kernels an engine of that precision runs (`dense_crossover`)."""
+    with the kernels an engine of that precision runs (`dense_crossover`), then the weight
+    matmuls of such a forward again alone, on the inputs the forward gave them."""
     seconds: dict[str, dict[int, float]] = {}
+    matmuls: dict[str, dict[int, float]] = {}
     for precision in measured():
         model = copy.deepcopy(target)
         apply_precision(model, precision)
         dense_crossover(model, cache_dir)
-        row: dict[int, float] = {}
+        seconds[precision.value], matmuls[precision.value] = {}, {}
         for width in sizes:
             ids = torch.zeros(1, width, dtype=torch.long)  # [1, T]
             positions = torch.arange(width).unsqueeze(0)  # [1, T]
-            samples = []
+            inputs: list[tuple[nn.Module, torch.Tensor]] = []
+            hooks = [
+                m.register_forward_pre_hook(
+                    lambda called, args, seen=inputs: seen.append((called, args[0]))
+                )
+                for m in weight_matmuls(model)
+            ]
+            whole, alone = [], []
             with torch.inference_mode():
                 for _ in range(REPEATS + 1):
+                    inputs.clear()
                     start = time.perf_counter()
                     hidden, _ = model(ids, positions)  # [1, T, H]
                     model.logits(hidden)  # [1, T, V]
-                    samples.append(time.perf_counter() - start)
-            row[width] = min(samples[1:])
-        seconds[precision.value] = row
+                    whole.append(time.perf_counter() - start)
+                for hook in hooks:
+                    hook.remove()
+                for _ in range(REPEATS + 1):
+                    start = time.perf_counter()
+                    for module, x in inputs:
+                        module(x)  # [1, T, N]
+                    alone.append(time.perf_counter() - start)
+            seconds[precision.value][width] = min(whole[1:])
+            matmuls[precision.value][width] = min(alone[1:])
         del model
-    return CostTable(seconds, torch.get_num_threads())
+    return CostTable(seconds, matmuls, torch.get_num_threads())
 
 
 def cache_file(cache_dir: Path) -> Path:
@@ -255,10 +290,11 @@ def cost_table(target: CausalLM, sizes: tuple[int, ...], cache_dir: Path) -> Cos
     """The cached table for this CPU and model, or a fresh measurement (then cached)."""
 
     def read(entry: dict[str, Any]) -> CostTable:
-        seconds = {
-            p: {int(w): float(s) for w, s in row.items()} for p, row in entry["seconds"].items()
-        }
-        table = CostTable(seconds, int(entry["threads"]))
+        seconds, matmuls = (
+            {p: {int(w): float(s) for w, s in row.items()} for p, row in entry[part].items()}
+            for part in ("seconds", "matmuls")
+        )
+        table = CostTable(seconds, matmuls, int(entry["threads"]))
         table.fastest()  # a bad entry fails here, not later
         return table
 
