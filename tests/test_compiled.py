@@ -1,9 +1,11 @@
 """The engine's compiled target layers: warmed in the background, used once ready, never
 compiling in a serving step, and never in the way when the compiler is missing."""
 
+import gc
 import os
 import subprocess
 import sys
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -182,6 +184,11 @@ def test_a_vanilla_engine_compiles_the_classes_its_prompts_take(
         completions, _ = plain.generate(PROMPTS, PARAMS)  # 3 prompts, up to 8 tokens each
     assert calls[0] == 0
     assert all(len(c.token_ids) == PARAMS.max_tokens for c in completions)
+    # once compiled, nothing outside the engine holds its model: dropped, it is freed
+    target = weakref.ref(plain.runner.target)
+    del plain, layers
+    gc.collect()
+    assert target() is None
 
 
 def test_a_short_cache_compiles_its_wide_classes_within_it() -> None:

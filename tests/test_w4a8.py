@@ -3,6 +3,8 @@ our own kernel (dcoco/model/w4a8.cpp)."""
 
 import copy
 import logging
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,3 +154,14 @@ def test_the_kernel_reports_a_cpu_without_avx2(monkeypatch: pytest.MonkeyPatch) 
     assert w4a8_kernel.unavailable.__wrapped__() == (
         "w4a8 needs an x86 CPU with AVX2; torch reports DEFAULT"
     )
+
+
+def test_a_kernel_that_cannot_build_is_a_reason_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-compiler-here"))
+    why = w4a8_kernel.unavailable.__wrapped__()
+    assert why is not None
+    assert why.startswith(f"the w4a8 kernel did not build or load in {tmp_path}")
+    assert os.environ["PATH"] == str(tmp_path / "no-compiler-here")  # put back as it was

@@ -170,12 +170,14 @@ class CompiledLayers:
 
     def start(self, cache_dir: Path) -> None:
         use_kernel_cache(cache_dir / "inductor")
-        self._thread.start()
         atexit.register(self.stop)
+        self._thread.start()
 
     def stop(self) -> None:
         """Compiles no further class and waits for the one under way: a process that exits
-        while inductor compiles on another thread aborts in C++ (registered at exit)."""
+        while inductor compiles on another thread aborts in C++ (registered at exit while
+        compiling; unregistered once done, since the registration holds the model and its
+        caches, and an engine dropped afterwards must be freed)."""
         self._stopping.set()
         self._thread.join()
 
@@ -225,6 +227,7 @@ class CompiledLayers:
             log.warning("compiled layers unavailable, serving eagerly: %s", self.error)
         finally:
             self.done.set()
+            atexit.unregister(self.stop)
 
     def _warm_class(self, n: int, t: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """One forward of n rows of t tokens through the compiling wrapper."""

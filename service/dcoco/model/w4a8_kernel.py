@@ -55,14 +55,20 @@ def unavailable() -> str | None:
 
             log.info("building the w4a8 kernel in %s (once, about 15 s)", folder)
             folder.mkdir(parents=True, exist_ok=True)
-            cpp_extension.load(
-                name=NAME,
-                sources=[str(SOURCE)],
-                extra_cflags=FLAGS,
-                extra_ldflags=["-fopenmp"],
-                build_directory=str(folder),
-                is_python_module=False,
-            )
+            path = os.environ.get("PATH", "")
+            # the ninja this environment installed, where its bin folder is not on PATH
+            os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), path])
+            try:
+                cpp_extension.load(
+                    name=NAME,
+                    sources=[str(SOURCE)],
+                    extra_cflags=FLAGS,
+                    extra_ldflags=["-fopenmp"],
+                    build_directory=str(folder),
+                    is_python_module=False,
+                )
+            finally:
+                os.environ["PATH"] = path
     except (OSError, RuntimeError, ImportError) as failed:
         lines = str(failed).strip().splitlines() or [type(failed).__name__]
         return f"the w4a8 kernel did not build or load in {folder}: {lines[-1]}"
