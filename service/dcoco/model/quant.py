@@ -33,10 +33,28 @@ DENSE_FROM = 17  # rows from which a forward multiplies the dequantized bf16 wei
 TINY = 1e-12  # the smallest scale: an all-zero row or group quantizes to zeros
 
 
-class Int8Linear(nn.Module):
+class QuantizedLinear(nn.Module):
+    """A quantized linear: its own kernel below `dense_from` rows, from there on the dense copy
+    of its weights (`dense`, set by each kind with `dense_from`)."""
+
+    dense: Bf16Linear  # the same weights dequantized
+    dense_from: int
+
+    def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        """flat [M, K] bf16 -> [M, N], on the quantized weights."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K] bf16
+        if flat.shape[0] >= self.dense_from:
+            return self.dense(x)  # [..., N]
+        out = self.kernel(flat)  # [M, N]
+        return out.view(*x.shape[:-1], out.shape[-1])  # [..., N]
+
+
+class Int8Linear(QuantizedLinear):
     weight: torch.Tensor  # [N, K] int8
     scale: torch.Tensor  # [N] bf16
-    dense: Bf16Linear  # the same weights dequantized
 
     def __init__(self, weight: torch.Tensor) -> None:
         """weight [N, K] in any float dtype."""
@@ -48,12 +66,8 @@ class Int8Linear(nn.Module):
         self.dense = Bf16Linear(self.weight * self.scale[:, None])  # [N, K]
         self.dense_from = DENSE_FROM
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K] bf16
-        if flat.shape[0] >= self.dense_from:
-            return self.dense(x)  # [..., N]
-        out = torch._weight_int8pack_mm(flat, self.weight, self.scale)  # [M, N]
-        return out.view(*x.shape[:-1], out.shape[-1])  # [..., N]
+    def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(flat, self.weight, self.scale)  # [M, N]
 
 
 def four_bit_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -69,10 +83,9 @@ def four_bit_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tor
     return levels, scale, low
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(QuantizedLinear):
     packed: torch.Tensor  # [N, K/2] uint8, the kernel's layout
     scale_zero: torch.Tensor  # [K/32, N, 2] bf16
-    dense: Bf16Linear  # the same weights dequantized
 
     def __init__(self, weight: torch.Tensor) -> None:
         """weight [N, K] in any float dtype, K a multiple of GROUP."""
@@ -91,20 +104,16 @@ class Int4Linear(nn.Module):
         scale, zero = self.scale_zero.float().transpose(0, 1).unbind(-1)  # [N, G] each
         dense = (levels - 8) * scale[..., None] + zero[..., None]  # [N, G, 32]
         self.dense = Bf16Linear(dense.view(n, k))  # [N, K]
-        self.out_features = n
         self.dense_from = DENSE_FROM
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K] bf16
-        if flat.shape[0] >= self.dense_from:
-            return self.dense(x)  # [..., N]
-        out = torch._weight_int4pack_mm_for_cpu(flat, self.packed, GROUP, self.scale_zero)
-        return out.view(*x.shape[:-1], self.out_features)  # [..., N]
+    def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int4pack_mm_for_cpu(
+            flat, self.packed, GROUP, self.scale_zero
+        )  # [M, N]
 
 
-class W4A8Linear(nn.Module):
+class W4A8Linear(QuantizedLinear):
     weight: torch.Tensor  # [N, K/32 * 20] uint8: per group, scale and minimum (fp16), 16 bytes
-    dense: Bf16Linear  # the same weights dequantized
 
     def __init__(self, weight: torch.Tensor) -> None:
         """weight [N, K] in any float dtype, K a multiple of GROUP. Raises ValueError where the
@@ -124,18 +133,10 @@ class W4A8Linear(nn.Module):
         self.register_buffer("weight", groups.view(n, -1).contiguous())  # [N, G * 20]
         scale, low = scale_low.float().unbind(-1)  # [N, G] each
         self.dense = Bf16Linear((levels * scale[..., None] + low[..., None]).view(n, k))  # [N, K]
-        self.out_features = n
         self.dense_from = DENSE_FROM
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).contiguous()  # [M, K] bf16
-        if flat.shape[0] >= self.dense_from:
-            return self.dense(x)  # [..., N]
-        out = torch.ops.dcoco.w4a8_linear(flat, self.weight)  # [M, N]
-        return out.view(*x.shape[:-1], self.out_features)  # [..., N]
-
-
-QuantizedLinear = Int8Linear | Int4Linear | W4A8Linear
+    def kernel(self, flat: torch.Tensor) -> torch.Tensor:
+        return torch.ops.dcoco.w4a8_linear(flat, self.weight)  # [M, N]
 
 
 def quantize_linears(module: nn.Module, kind: type[QuantizedLinear]) -> None:
