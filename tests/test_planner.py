@@ -45,8 +45,24 @@ def test_drafting_seen_at_one_batch_size_is_not_scaled_by_the_rows() -> None:
     for _ in range(5):
         planner.observe(1, 3, [3], 0.006, 0.036)
         planner.observe(8, 0, [], 0.0, 0.045)
-    assert planner.fixed_cost(8) == pytest.approx(0.006)
+    assert planner.fixed_cost(planner.draft_width(8, 3)) == pytest.approx(0.006)
     assert planner.choose(8, exploring_allowed=False) > 0
+
+
+def test_drafting_is_priced_by_the_slots_a_cycle_drafts() -> None:
+    """The torch engine drafts only the k slots a cycle verifies: drafting learnt at k = 2 (4
+    ms) and k = 15 (11 ms) prices k = 8 between them. vLLM's drafter drafts the whole block
+    whatever k, so there the same cycles average to one price."""
+    sliced, whole = VerifyPlanner(block=15), VerifyPlanner(block=15, whole_block=True)
+    for planner in (sliced, whole):
+        for _ in range(5):
+            planner.observe(1, 2, [1], 0.004, 0.030)
+            planner.observe(1, 15, [1], 0.011, 0.090)
+    assert sliced.fixed_cost(sliced.draft_width(1, 2)) == pytest.approx(0.004)
+    assert sliced.fixed_cost(sliced.draft_width(1, 8)) == pytest.approx(0.004 + 0.007 * 6 / 13)
+    assert sliced.fixed_cost(sliced.draft_width(1, 15)) == pytest.approx(0.011)
+    assert whole.fixed_cost(whole.draft_width(1, 2)) == pytest.approx(0.0075, rel=0.05)
+    assert whole.fixed_cost(whole.draft_width(1, 2)) == whole.fixed_cost(whole.draft_width(1, 15))
 
 
 def test_the_cost_curve_follows_measured_widths_and_interpolates_between() -> None:
@@ -314,6 +330,24 @@ def test_adaptive_greedy_output_is_token_for_token_the_targets(pair: Pair) -> No
             assert completion.token_ids == greedy_reference(target, prompt, 40)
         verified = {c.draft_tokens // max(1, c.verifications) for c in cycles}
         assert len(verified) > 1, verified  # it really chose different prefixes
+
+
+def test_a_cycle_drafts_only_the_slots_it_verifies(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cycle verifying k of B = 4 runs the drafter over the pending token and k masks."""
+    target = pair[0]
+    drafter = make_drafter(target, block=4, top_k=4)
+    cfg = EngineConfig(mode=Mode.DCOCO, max_batch_size=1, max_model_len=96, adaptive=True)
+    eng = Engine(target, drafter, cfg)
+    plans = iter([2, 4, 1] * 10)
+    monkeypatch.setattr(eng, "_plan", lambda seqs, shadow: Plan(next(plans)))
+    widths: list[int] = []
+    drafter.register_forward_pre_hook(lambda _, args: widths.append(args[0].shape[1]))
+    eng.add_request("r", PROMPTS[1], SamplingParams(max_tokens=20, ignore_eos=True))
+    while eng.has_unfinished():
+        eng.step()
+    assert widths[:3] == [3, 5, 2]
 
 
 def test_a_draft_after_plain_steps_is_not_charged_their_deferred_context(

@@ -494,7 +494,7 @@ def test_the_planned_lookup_answers_vllm_s_scheduler_from_measurements() -> None
     greedy = SimpleNamespace(sampling_params=SimpleNamespace(seed=None, temperature=0.0))
     seeded = SimpleNamespace(sampling_params=SimpleNamespace(seed=3, temperature=0.8))
     scheduler = SimpleNamespace(running=[greedy])
-    planner = VerifyPlanner(4)
+    planner = VerifyPlanner(4, whole_block=True)  # as the plugin makes it
     lookup = PlannedLookup(scheduler, planner, size=8)
     assert lookup[2] == 4  # nothing measured yet: the whole block
     assert len(lookup) == 9  # vLLM sizes its table by max_num_seqs + 1
@@ -505,7 +505,7 @@ def test_the_planned_lookup_answers_vllm_s_scheduler_from_measurements() -> None
     for verified, drafting, seconds in ((4, 0, 0.2), (0, 0, 0.1), (0, 4, 0.4), (4, 4, 0.5)):
         observe(planner, *vllm_step(2, verified, drafting), seconds)
     assert planner.verify_cost.means == {10: 0.2, 2: 0.1}  # only the bare forwards
-    assert planner.fixed_cost(2) == pytest.approx(0.3)
+    assert planner.fixed_cost(planner.draft_width(2, 4)) == pytest.approx(0.3)
     assert lookup[2] == 0
     # A step that also prefilled a prompt teaches nothing, drafting or not: its 40 prompt
     # tokens cost less than 40 verified ones, and counted by width they would make the verify
@@ -514,7 +514,7 @@ def test_the_planned_lookup_answers_vllm_s_scheduler_from_measurements() -> None
     observe(planner, *vllm_step(2, 4, 4, prompt=40), 0.9)
     observe(planner, *vllm_step(2, 0, 0, prompt=40), 0.1)
     assert planner.verify_cost.means == {10: 0.2, 2: 0.1}
-    assert planner.fixed_cost(2) == pytest.approx(0.3)
+    assert planner.fixed_cost(planner.draft_width(2, 4)) == pytest.approx(0.3)
     scheduler.running.append(seeded)
     assert lookup[2] == 4
 
@@ -554,7 +554,7 @@ def test_a_step_is_timed_up_to_the_next_schedule_while_requests_run(
     # schedule, (output,) schedule, output: the second step's output is its last
     clock = iter([0.0, 0.010, 0.013, 0.020] if asynchronous else [0.0, 0.013, 0.020])
     monkeypatch.setattr(adaptive.time, "perf_counter", lambda: next(clock))
-    planner = VerifyPlanner(4)
+    planner = VerifyPlanner(4, whole_block=True)  # as the plugin makes it
     steps = iter([vllm_step(2, 0, 0), vllm_step(2, 0, 0)])
     running = [True, False]
     scheduler = SimpleNamespace(

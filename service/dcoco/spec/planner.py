@@ -12,9 +12,11 @@ expected committed tokens per second of the whole batch:
   seconds at each such width, interpolated between measured widths (`CostCurve`): not a line,
   since on a CPU the cost of a forward is far from linear in its width (weight-only 4-bit
   kernels make four tokens cost twice one, sixteen little more than eight), and a line through
-  them overrates the plain step and underrates short verifications. fixed(n) = c + d * n is
-  drafting and correction, fitted by least squares. k = 0 is a plain decoding step that skips
-  the drafter.
+  them overrates the plain step and underrates short verifications. fixed(n, k) = c + d * x is
+  drafting and correction, fitted by least squares over x, the positions the drafter runs
+  over: n * (k + 1) where it drafts only the slots the cycle verifies (the torch engine), n *
+  (B + 1) where it always drafts the whole block (vLLM's, `whole_block`). k = 0 is a plain
+  decoding step that skips the drafter.
 
 On a small machine a wide batch makes verification expensive, so k shrinks as load grows. Now and
 then a cycle tries another k, so that the estimates, and the cost curve, keep learning: as soon
@@ -199,8 +201,9 @@ class VerifyPlanner:
     block: int  # B
     drafted: Acceptance = field(init=False)  # the drafter's drafts
     looked_up: dict[int, Acceptance] = field(init=False)  # lookup drafts by match length n
+    whole_block: bool = False  # the drafter drafts all B slots whatever k (module docstring)
     verify_cost: CostCurve = field(default_factory=CostCurve)  # seconds by n * (k + 1)
-    fixed_cost: LineFit = field(default_factory=LineFit)  # seconds against n
+    fixed_cost: LineFit = field(default_factory=LineFit)  # seconds by `draft_width`
     banked_s: float = 0.0  # predicted seconds of the cycles since the last exploration
     probes: int = 0  # explorations so far
     try_cycles: int = TRY_CYCLES  # cycles a try of the other kind lasts
@@ -269,7 +272,7 @@ class VerifyPlanner:
                     continue  # nothing to draft for: the plan without the drafter
                 tokens = sum(expected.values()) + rest * (committed[k] if drafting else 1.0)
                 seconds = self.verify_cost(len(found) * (k + 1))
-                seconds += self.fixed_cost(rest) if drafting else 0.0
+                seconds += self.fixed_cost(self.draft_width(rest, k)) if drafting else 0.0
                 rate = tokens / max(seconds, 1e-9)
                 if best is None or rate > best[0]:
                     best = (rate, seconds, Plan(k, frozenset(expected), drafting))
@@ -288,7 +291,13 @@ class VerifyPlanner:
 
     def cost(self, rows: int, k: int) -> float:
         """Predicted seconds of a cycle of `rows` sequences verifying k drafted tokens each."""
-        return self.verify_cost(rows * (k + 1)) + (self.fixed_cost(rows) if k else 0.0)
+        drafting = self.fixed_cost(self.draft_width(rows, k)) if k else 0.0
+        return self.verify_cost(rows * (k + 1)) + drafting
+
+    def draft_width(self, rows: int, k: int) -> int:
+        """Positions the drafter runs over in a cycle of `rows` sequences verifying k drafted
+        tokens each: k + 1 a row, or B + 1 where it drafts the whole block (`whole_block`)."""
+        return rows * ((self.block if self.whole_block else k) + 1)
 
     def observe(
         self,
@@ -307,7 +316,7 @@ class VerifyPlanner:
             self.verify_cost.add(rows * (k + 1), verify_s)
         self.last_k = k
         if k and accepted:
-            self.fixed_cost.add(len(accepted), fixed_s)
+            self.fixed_cost.add(self.draft_width(len(accepted), k), fixed_s)
 
     def observe_lookups(self, outcomes: list[tuple[int, int, int]]) -> None:
         """Per row (n, accepted, known): its lookup draft, which matched n tokens, compared

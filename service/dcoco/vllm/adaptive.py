@@ -178,7 +178,7 @@ def _init(original: Any, self: Any, *args: Any, **kwargs: Any) -> None:
     # steps that draft nothing for the next), not by the planner's rule that two-step tries
     # serve; with two-step tries adaptive DCOCO made 0.76x plain vLLM at 8 streams on the
     # AMD EPYC, with one-step tries 1.05x (the default pair, one pass each).
-    planner = VerifyPlanner(self.num_spec_tokens, try_cycles=1)
+    planner = VerifyPlanner(self.num_spec_tokens, whole_block=True, try_cycles=1)
     self.dynamic_sd_lookup = PlannedLookup(self, planner, self.scheduler_config.max_num_seqs)
     self._dcoco_started = {}  # id(SchedulerOutput) -> when schedule() was called for it
     self._dcoco_ended = None  # the last step, timed up to the next schedule: its outputs, start
@@ -249,4 +249,4 @@ def observe(
     if not scheduler_output.num_spec_tokens_to_schedule or not costs.weight:
         costs.add(width, seconds)  # bare, or the first step seen: a start to correct
     else:  # what it took beyond its forward drafted
-        planner.fixed_cost.add(rows, max(0.0, seconds - costs(width)))
+        planner.fixed_cost.add(planner.draft_width(rows, k), max(0.0, seconds - costs(width)))
