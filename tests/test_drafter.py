@@ -34,7 +34,7 @@ def test_the_training_path_sees_what_the_cached_engine_path_sees(
         while eng.has_unfinished() and len(anchors) < 3:
             seq = eng.scheduler.running[0]
             anchors.append(seq.num_cached)  # the pending token's position
-            cached.append(eng.runner.draft([seq]).hidden[0])  # [B, H]
+            cached.append(eng.runner.draft([seq], eng.runner.block).hidden[0])  # [B, H]
             eng.step()
         _, feats = target(
             tokens,
@@ -73,7 +73,7 @@ def test_context_deferred_through_plain_steps_drafts_the_same_block(
         seq = eng.scheduler.running[0]
         assert 0 < seq.pending_positions == min(6, cap)
         anchor = seq.num_cached
-        cached = eng.runner.draft([seq]).hidden[0]  # [B, H]
+        cached = eng.runner.draft([seq], eng.runner.block).hidden[0]  # [B, H]
         assert seq.pending_positions == 0
         while eng.has_unfinished():
             output += [t for out in eng.step().outputs for t in out.new_token_ids]
@@ -118,7 +118,7 @@ def test_a_reduced_vocabulary_scores_its_tokens_as_the_whole_one_and_stays_lossl
         eng.add_request("r", prompt, SamplingParams(max_tokens=8))
         eng.step()
         with torch.no_grad():
-            draft = eng.runner.draft(eng.scheduler.running)
+            draft = eng.runner.draft(eng.scheduler.running, eng.runner.block)
             drafted = eng.runner.correct(draft, [mode is Mode.DCOCO]).tokens  # [1, B]
             best = ids[target.lm_head(draft.hidden)[..., ids].argmax(-1)]  # [1, B]
         assert set(drafted.flatten().tolist()) <= set(ids.tolist())
@@ -126,22 +126,24 @@ def test_a_reduced_vocabulary_scores_its_tokens_as_the_whole_one_and_stays_lossl
             assert torch.equal(drafted, best)
 
 
-def test_a_draft_read_to_k_slots_is_the_full_drafts_prefix(
+def test_a_draft_of_k_slots_is_what_a_block_of_k_drafts(
     pair: tuple[CausalLM, DFlashDrafter],
 ) -> None:
-    """A cycle that verifies k drafted tokens takes only k slots through the LM head and the
-    corrector; under the prefix-first rule its draft is the full draft's first k tokens."""
+    """A cycle that verifies k of B drafted tokens drafts a block of k masks: the draft (and
+    the corrector's pick) of an engine whose B is k, the slots beyond it leaving no trace."""
     target, drafter = pair
-    eng = Engine(target, drafter, EngineConfig(mode=Mode.DCOCO, max_batch_size=1, max_model_len=64))
-    eng.add_request("r", [3, 1, 4, 1, 5, 9, 2], SamplingParams(max_tokens=8))
-    eng.step()
-    seqs = eng.scheduler.running
-    with torch.no_grad():
-        full = eng.runner.draft(seqs)
-        short = eng.runner.draft(seqs, 3)
-        picked_full = eng.runner.correct(full, [True]).tokens  # [1, B]
-        picked_short = eng.runner.correct(short, [True]).tokens  # [1, 3]
+    drafts = []
+    for block in (None, 3):  # the drafter's own B, then B = 3
+        cfg = EngineConfig(
+            mode=Mode.DCOCO, max_batch_size=1, max_model_len=64, num_speculative_tokens=block
+        )
+        eng = Engine(target, drafter, cfg)
+        eng.add_request("r", [3, 1, 4, 1, 5, 9, 2], SamplingParams(max_tokens=8))
+        eng.step()
+        with torch.no_grad():
+            draft = eng.runner.draft(eng.scheduler.running, 3)
+            drafts.append((draft, eng.runner.correct(draft, [True]).tokens))  # [1, 3]
+    (short, picked), (alone, picked_alone) = drafts
     assert short.logits.shape[1] == 3
-    assert full.logits.shape[1] == eng.runner.block
-    torch.testing.assert_close(short.logits, full.logits[:, :3])
-    assert torch.equal(picked_short, picked_full[:, :3])
+    torch.testing.assert_close(short.logits, alone.logits)
+    assert torch.equal(picked, picked_alone)
