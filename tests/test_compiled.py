@@ -122,7 +122,8 @@ def test_compiled_layers_serve_what_the_eager_ones_do(monkeypatch: pytest.Monkey
         assert part.error is None
     width = fast.block + 1
     assert target.compiled == warm_shapes(3, width, None)  # plain steps, verifies, chunks
-    assert drafter.compiled == [(1, width), (2, width)]  # every draft: the pending token + B
+    # every draft, 1 to B slots: the pending token and one mask, or B
+    assert drafter.compiled == [(1, 2), (1, width), (2, 2), (2, width)]
     exported = worker_metrics(fast)
     for name, ready in (("target", target.compiled), ("drafter", drafter.compiled)):
         for state in ("planned", "ready"):

@@ -152,6 +152,25 @@ def test_speculation_runs_and_mostly_matches_plain_decoding(
     assert same >= 0.8 * sum(len(p) for p in plain)
 
 
+def test_a_quantized_engine_s_drafter_layers_take_the_target_s_kind_and_crossover(
+    pair: tuple[CausalLM, DFlashDrafter],
+) -> None:
+    """The drafter's decoder layers quantized as the target's, switching to dense weights from
+    the same row count, and nothing else of it; a bf16 engine quantizes nothing."""
+    for served, kind in ((Precision.INT4, Int4Linear), (Precision.BF16, None)):
+        target, drafter = copy.deepcopy(pair)
+        cfg = EngineConfig(mode=Mode.DCOCO, max_batch_size=1, max_model_len=64, precision=served)
+        Engine(target, drafter, cfg)
+        mine, theirs = quantized_linears(drafter.layers), quantized_linears(target.model.layers)
+        if kind is None:
+            assert not mine
+            continue
+        assert mine
+        assert all(type(m) is kind for m in mine)
+        assert {m.dense_from for m in mine} == {theirs[0].dense_from}
+        assert quantized_linears(drafter) == mine  # nothing outside the layers
+
+
 def test_the_fastest_has_the_lowest_geometric_mean_of_its_matmuls() -> None:
     matmuls = {
         "fp32": {1: 0.060, 16: 0.140},  # geometric mean 0.092

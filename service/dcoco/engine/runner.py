@@ -20,7 +20,13 @@ from dcoco.model.causal_lm import Batch, CausalLM
 from dcoco.model.layers import LayerCall, set_attention_upcast
 from dcoco.model.packed import pack_linears
 from dcoco.model.quant import quantized_linears
-from dcoco.precision import ACTIVATIONS, apply_precision, attention_upcast, dense_crossover
+from dcoco.precision import (
+    ACTIVATIONS,
+    apply_precision,
+    attention_upcast,
+    dense_crossover,
+    quantize_like,
+)
 from dcoco.shared.engine_config import EngineConfig
 from dcoco.shared.options import Precision
 from dcoco.spec.drafter import DFlashDrafter
@@ -84,6 +90,7 @@ class ModelRunner:
         if drafter is not None:
             d = drafter.config.model
             drafter.cast(dtype)
+            quantize_like(drafter.layers, target)
             pack_linears(drafter, keep=drafter.corrector)
             set_attention_upcast(drafter, upcast)
             self.drafter_cache = KVCache(
@@ -137,7 +144,9 @@ class ModelRunner:
             embeds = torch.zeros(*positions.shape, hidden, dtype=dtype)  # [N, T, H]
             return drafter(embeds, positions, None, mask, call)
 
-        blocks = [(n, self.block + 1) for n in (1, 2) if n <= cfg.max_batch_size]  # every draft
+        # Every draft: 1 to B slots, each side of the quantized layers' switch to dense weights.
+        draft_widths = sorted({2, self.block + 1})
+        blocks = [(n, t) for n in (1, 2) for t in draft_widths if n <= cfg.max_batch_size]
         self.compiled_drafter = CompiledLayers(drafter_forward, self.drafter_cache, blocks)
         self.compiled_drafter.start(cfg.cache_dir)
 
