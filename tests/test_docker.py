@@ -88,8 +88,11 @@ def fresh_venv(folder: Path, base: str = sys.executable) -> Path:
 
 
 def pip(bin_dir: Path, *args: str, cwd: Path) -> None:
+    """An image's `pip install`, without compiling the modules to bytecode (which images do,
+    for their read-only filesystems): that is most of an install's time here (torch: 32 s
+    against 10), and it decides nothing these replays check."""
     done = subprocess.run(
-        [bin_dir / "pip", "install", "-q", *args],
+        [bin_dir / "pip", "install", "-q", "--no-compile", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
