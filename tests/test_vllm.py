@@ -21,7 +21,7 @@ from dcoco.shared.stats import CycleStats
 from dcoco.spec.select import Candidates, select
 from dcoco.tokenizer import Tokenizer
 from dcoco.vllm.export import ExportOptions, export_drafter
-from vllm_env import offline, run_python
+from vllm_env import offline, run_forked, run_python
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]  # three vLLM starts
 MAX_TOKENS = 64
@@ -55,6 +55,21 @@ def prompts() -> list[list[int]]:
     lines = (TINY_HELDOUT / "code.jsonl").read_text().splitlines()[:PROMPTS]
     chats = [[{"role": "user", "content": json.loads(line)["prompt"]}] for line in lines]
     return [tokenizer.encode(tokenizer.render_chat(chat)) for chat in chats]
+
+
+@pytest.fixture(scope="module")
+def forked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
+    """The checks below that need vLLM's modules but no engine, each in a fork of one
+    interpreter (`run_forked`)."""
+    models = f"TARGET, DRAFTER = {str(TINY_TARGET)!r}, {str(TINY_DCOCO)!r}\n"
+    snippets = {
+        "no_drafts": NO_DRAFTS,
+        "fails_loudly": FAILS_LOUDLY,
+        "context_keys": CONTEXT_KEYS,
+        "gpu_check": "import runpy; runpy.run_module('dcoco.vllm.gpu_check', run_name='__main__')",
+        "v2_speculator": models + V2_SPECULATOR,
+    }
+    return run_forked(snippets, tmp_path_factory.mktemp("forked"))
 
 
 def torch_run(mode: Mode, drafter: Path | None, prompts: list[list[int]]) -> Torch:
@@ -316,12 +331,14 @@ for name, case in cases.items():
 """
 
 
-def test_a_step_without_drafts_samples_as_a_plain_step() -> None:
+def test_a_step_without_drafts_samples_as_a_plain_step(
+    forked: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
     """With no drafted token in a step and no logprobs asked, adaptive speculation samples
     each row's bonus token as upstream does, without the rejection sampler's recovered-token
     noise (the random stream after it is not upstream's); steps with drafts or logprobs go
     to upstream's."""
-    done = run_python(NO_DRAFTS)
+    done = forked["no_drafts"]
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " [" in line)
     assert set(lines) == {"GREEDY", "SAMPLED", "LOGPROBS", "DRAFTED"}, done.stderr[-3000:]
     # (tokens [R, 1 + S], logprobs returned, the next random draw): ours, then upstream's
@@ -337,10 +354,7 @@ def test_a_step_without_drafts_samples_as_a_plain_step() -> None:
     assert runs["LOGPROBS"][0][1]
 
 
-def test_the_plugin_fails_loudly() -> None:
-    """An unsupported vLLM, a missing hook point, a checkpoint with several architectures:
-    each refuses to start, none falls back to plain DFlash."""
-    code = """
+FAILS_LOUDLY = """
 import vllm
 from dcoco.vllm import plugin, hooks
 from dcoco.vllm.versions import UnsupportedVllm
@@ -367,7 +381,12 @@ class V1:
     use_v2_model_runner = False
 refused(lambda: hooks.install(V1()))
 """
-    done = run_python(code)
+
+
+def test_the_plugin_fails_loudly(forked: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    """An unsupported vLLM, a missing hook point, a checkpoint with several architectures:
+    each refuses to start, none falls back to plain DFlash."""
+    done = forked["fails_loudly"]
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith(("REFUSED", "ACCEPT"))]
     assert len(lines) == 4, done.stdout
@@ -378,10 +397,7 @@ refused(lambda: hooks.install(V1()))
     assert "_sample_draft_tokens" in lines[3]
 
 
-def test_context_keys_are_normalised_per_layer() -> None:
-    """Our drafter class normalises each layer's context keys with that layer's k_norm; the
-    upstream kernel on CPU uses layer 0's for all (if upstream is fixed, this test says so)."""
-    code = """
+CONTEXT_KEYS = """
 import torch
 from types import SimpleNamespace
 from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
@@ -401,15 +417,24 @@ print("OURS", torch.allclose(ours, reference, atol=1e-5))
 print("UPSTREAM_PER_LAYER", torch.allclose(upstream, reference, atol=1e-5))
 print("UPSTREAM_LAYER0", torch.allclose(upstream, layer0, atol=1e-5))
 """
-    done = run_python(code)
+
+
+def test_context_keys_are_normalised_per_layer(
+    forked: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    """Our drafter class normalises each layer's context keys with that layer's k_norm; the
+    upstream kernel on CPU uses layer 0's for all (if upstream is fixed, this test says so)."""
+    done = forked["context_keys"]
     assert done.returncode == 0, done.stderr[-3000:]
     assert "OURS True" in done.stdout
     assert "UPSTREAM_PER_LAYER False" in done.stdout, "upstream fixed: drop our override"
     assert "UPSTREAM_LAYER0 True" in done.stdout
 
 
-def test_gpu_check_refuses_cpu_vllm_in_one_line() -> None:
-    done = run_python("import runpy; runpy.run_module('dcoco.vllm.gpu_check', run_name='__main__')")
+def test_gpu_check_refuses_cpu_vllm_in_one_line(
+    forked: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    done = forked["gpu_check"]
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr.strip().splitlines() == [
         "gpu-check: no CUDA GPU visible (torch.cuda.is_available() is False); this check needs "
@@ -417,10 +442,7 @@ def test_gpu_check_refuses_cpu_vllm_in_one_line() -> None:
     ]
 
 
-def test_the_v2_speculator_follows_dflash2_and_is_dispatched() -> None:
-    """The GPU path, as far as a CPU can take it: the class, its [R, B, K, K] scores walked from
-    candidate 0 (what vLLM's Triton kernel does), and init_speculator picking it for DCOCO."""
-    code = """
+V2_SPECULATOR = """
 import torch
 from types import SimpleNamespace
 from vllm.v1.worker.gpu.spec_decode.dflash2.speculator import DFlash2Speculator
@@ -456,7 +478,14 @@ config = SimpleNamespace(speculative_config=SimpleNamespace(
     method="dflash", draft_model_config=SimpleNamespace(architectures=["DFlashDCOCODraftModel"])))
 print("DISPATCH", package.init_speculator(config, "cuda:0", None))
 """
-    done = run_python(f"TARGET, DRAFTER = {str(TINY_TARGET)!r}, {str(TINY_DCOCO)!r}\n" + code)
+
+
+def test_the_v2_speculator_follows_dflash2_and_is_dispatched(
+    forked: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    """The GPU path, as far as a CPU can take it: the class, its [R, B, K, K] scores walked from
+    candidate 0 (what vLLM's Triton kernel does), and init_speculator picking it for DCOCO."""
+    done = forked["v2_speculator"]
     assert done.returncode == 0, done.stderr[-3000:]
     out = done.stdout
     assert "SHAPE (3, 15, 16, 16)" in out
