@@ -53,7 +53,7 @@ setup-vllm:
 
 # Lint runs beside the suite: mypy alone takes about 75 s on a cold cache, on one core.
 test:
-	$(MAKE) -j2 --output-sync=line --no-print-directory lint test-suite
+	$(MAKE) -j2 --no-print-directory lint test-suite  # unsynced: the suite streams its progress
 
 test-suite:
 	$(BIN)/pytest
